@@ -1,0 +1,352 @@
+// llm-server: one static binary with the command-line modes of llama-cli / llama-bench and (later)
+// the HTTP API of llama-server.
+//
+//   llm-server -m MODEL -p PROMPT [-n N]           complete a prompt, print llama.cpp-style timings
+//   llm-server -m MODEL --prompt-ids 1,2,3 --dump-logits FILE
+//                                                   write float32 logits of every prompt position
+//   llm-server -m MODEL --tokenize -p TEXT          print token ids (vocabulary-only files work)
+//   llm-server -m MODEL --bench -p 512 -n 128 -r 5  prompt / generation tokens per second
+#define LLM_IMPLEMENTATION
+#include "llm.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace {
+
+struct Options {
+    std::string model, prompt, prompt_file, dump_logits;
+    std::vector<int32_t> prompt_ids;
+    bool has_prompt = false, has_prompt_ids = false;
+    int n_predict = -1, n_ctx = 0, n_threads = 0, n_batch = 512, bench_reps = 5;
+    llm::Type type_k = llm::Type::F16, type_v = llm::Type::F16;
+    bool tokenize = false, add_special = false, parse_special = false, bench = false;
+    bool use_mmap = true, mlock = false, verbose_prompt = false;
+    llm::SamplerParams sampling;
+};
+
+[[noreturn]] void usage_error(const std::string& msg) {
+    fprintf(stderr, "error: %s\n(run llm-server --help for usage)\n", msg.c_str());
+    exit(1);
+}
+
+void print_usage() {
+    printf(
+        "usage: llm-server -m MODEL [options]\n"
+        "\n"
+        "modes:\n"
+        "  -p, --prompt TEXT        complete TEXT and print timings (with --bench: prompt length)\n"
+        "  -f, --file FILE          read the prompt from FILE (its bytes exactly)\n"
+        "  --prompt-ids 1,2,3       give the prompt as token ids\n"
+        "  --dump-logits FILE       write float32 logits of every prompt position (n_tokens x n_vocab) and exit\n"
+        "  --tokenize               print the prompt's token ids and exit\n"
+        "  --add-special            with --tokenize: add BOS/EOS as the model's metadata says\n"
+        "  --parse-special          with --tokenize: parse special-token text into special tokens\n"
+        "  --bench                  measure pp (-p N tokens) and tg (-n N tokens), -r repetitions, median\n"
+        "\n"
+        "options:\n"
+        "  -n, --n-predict N        tokens to generate (default: until end of text or context)\n"
+        "  -c, --ctx-size N         context size (default: the model's, at most 4096)\n"
+        "  -t, --threads N          threads (default: physical cores)\n"
+        "  -b, --batch-size N       prompt tokens per forward pass (default 512)\n"
+        "  -r, --repetitions N      --bench repetitions (default 5)\n"
+        "  -ctk, --cache-type-k T   K cache type: f32, f16, q8_0, q4_0, iq4_nl (default f16)\n"
+        "  -ctv, --cache-type-v T   V cache type (default f16)\n"
+        "  --temp T  --top-k N  --top-p P  --min-p P  --seed N\n"
+        "  --repeat-penalty P  --repeat-last-n N  --presence-penalty P  --frequency-penalty P\n"
+        "  --no-mmap  --mlock\n");
+}
+
+std::vector<int32_t> parse_ids(const std::string& s) {
+    std::vector<int32_t> ids;
+    std::stringstream ss(s);
+    std::string item;
+    while (std::getline(ss, item, ',')) {
+        char* end = nullptr;
+        long v = strtol(item.c_str(), &end, 10);
+        if (item.empty() || *end != '\0' || v < 0 || v > INT32_MAX) usage_error("bad token id '" + item + "' in --prompt-ids");
+        ids.push_back((int32_t)v);
+    }
+    return ids;
+}
+
+Options parse_args(int argc, char** argv) {
+    Options o;
+    for (int i = 1; i < argc; i++) {
+        std::string a = argv[i];
+        auto next = [&]() -> std::string {
+            if (i + 1 >= argc) usage_error("missing value after " + a);
+            return argv[++i];
+        };
+        auto next_int = [&]() {
+            std::string v = next();
+            char* end = nullptr;
+            long x = strtol(v.c_str(), &end, 10);
+            if (v.empty() || *end) usage_error("expected an integer after " + a + ", got '" + v + "'");
+            return (int)x;
+        };
+        auto next_float = [&]() {
+            std::string v = next();
+            char* end = nullptr;
+            float x = strtof(v.c_str(), &end);
+            if (v.empty() || *end) usage_error("expected a number after " + a + ", got '" + v + "'");
+            return x;
+        };
+        auto next_type = [&]() {
+            try {
+                return llm::type_from_name(next());
+            } catch (const llm::Error& e) {
+                usage_error(e.what());
+            }
+        };
+        if (a == "-h" || a == "--help") { print_usage(); exit(0); }
+        else if (a == "-m" || a == "--model") o.model = next();
+        else if (a == "-p" || a == "--prompt") { o.prompt = next(); o.has_prompt = true; }
+        else if (a == "-f" || a == "--file") o.prompt_file = next();
+        else if (a == "--prompt-ids") { o.prompt_ids = parse_ids(next()); o.has_prompt_ids = true; }
+        else if (a == "--dump-logits") o.dump_logits = next();
+        else if (a == "--tokenize") o.tokenize = true;
+        else if (a == "--add-special") o.add_special = true;
+        else if (a == "--parse-special") o.parse_special = true;
+        else if (a == "--bench") o.bench = true;
+        else if (a == "-n" || a == "--n-predict") o.n_predict = next_int();
+        else if (a == "-c" || a == "--ctx-size") o.n_ctx = next_int();
+        else if (a == "-t" || a == "--threads") o.n_threads = next_int();
+        else if (a == "-b" || a == "--batch-size") o.n_batch = next_int();
+        else if (a == "-r" || a == "--repetitions") o.bench_reps = next_int();
+        else if (a == "-ctk" || a == "--cache-type-k") o.type_k = next_type();
+        else if (a == "-ctv" || a == "--cache-type-v") o.type_v = next_type();
+        else if (a == "--temp") o.sampling.temperature = next_float();
+        else if (a == "--top-k") o.sampling.top_k = next_int();
+        else if (a == "--top-p") o.sampling.top_p = next_float();
+        else if (a == "--min-p") o.sampling.min_p = next_float();
+        else if (a == "--seed") o.sampling.seed = (uint64_t)(uint32_t)next_int();
+        else if (a == "--repeat-penalty") o.sampling.repeat_penalty = next_float();
+        else if (a == "--repeat-last-n") o.sampling.penalty_last_n = next_int();
+        else if (a == "--presence-penalty") o.sampling.presence_penalty = next_float();
+        else if (a == "--frequency-penalty") o.sampling.frequency_penalty = next_float();
+        else if (a == "--no-mmap") o.use_mmap = false;
+        else if (a == "--mlock") o.mlock = true;
+        else if (a == "--verbose-prompt") o.verbose_prompt = true;
+        else usage_error("unknown argument '" + a + "'");
+    }
+    if (o.model.empty()) usage_error("no model given (-m MODEL)");
+    if (o.n_batch <= 0) usage_error("--batch-size must be positive");
+    if (o.n_threads < 0) usage_error("--threads must not be negative");
+    return o;
+}
+
+std::string read_file(const std::string& path) {
+    std::ifstream f(path, std::ios::binary);
+    if (!f) throw llm::Error("cannot read " + path);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    return ss.str();
+}
+
+double mib(size_t bytes) { return bytes / (1024.0 * 1024.0); }
+
+// Feeds tokens [0, n) of `tokens` into sequence 0 in chunks of n_batch; returns the logits of the
+// last token (or, with all_logits, appends every row to *all).
+void prefill(llm::Context& ctx, const std::vector<int32_t>& tokens, int start, int n_batch, std::vector<float>* all) {
+    const int n_vocab = ctx.model().hp.n_vocab;
+    llm::Batch batch;
+    for (int b = start; b < (int)tokens.size(); b += n_batch) {
+        batch.clear();
+        int e = std::min((int)tokens.size(), b + n_batch);
+        for (int i = b; i < e; i++) batch.add(tokens[i], i, 0, all != nullptr || i == (int)tokens.size() - 1);
+        ctx.decode(batch);
+        if (all) {
+            for (int i = 0; i < ctx.n_logits(); i++) all->insert(all->end(), ctx.logits(i), ctx.logits(i) + n_vocab);
+        }
+    }
+}
+
+std::vector<int32_t> prompt_tokens(const Options& o, const llm::Model& m, bool add_special, bool parse_special) {
+    if (o.has_prompt_ids) {
+        for (int32_t id : o.prompt_ids) {
+            if (m.hp.n_vocab > 0 && id >= m.hp.n_vocab) usage_error("token id " + std::to_string(id) + " is outside the vocabulary");
+        }
+        return o.prompt_ids;
+    }
+    std::string text = o.prompt_file.empty() ? o.prompt : read_file(o.prompt_file);
+    return m.vocab.tokenize(text, add_special, parse_special);
+}
+
+int run_tokenize(const Options& o) {
+    llm::ModelOptions mo;
+    mo.vocab_only = true;
+    mo.use_mmap = o.use_mmap;
+    auto m = llm::Model::load(o.model, mo);
+    if (!o.has_prompt && o.prompt_file.empty()) usage_error("--tokenize needs -p TEXT or -f FILE");
+    std::string text = o.prompt_file.empty() ? o.prompt : read_file(o.prompt_file);
+    std::vector<int32_t> ids = m->vocab.tokenize(text, o.add_special, o.parse_special);
+    std::string line;
+    for (size_t i = 0; i < ids.size(); i++) line += (i ? " " : "") + std::to_string(ids[i]);
+    printf("%s\n", line.c_str());
+    return 0;
+}
+
+llm::ContextParams context_params(const Options& o, int n_ctx) {
+    llm::ContextParams cp;
+    cp.n_ctx = n_ctx;
+    cp.n_threads = o.n_threads;
+    cp.type_k = o.type_k;
+    cp.type_v = o.type_v;
+    return cp;
+}
+
+int run_dump_logits(const Options& o, const llm::Model& m) {
+    std::vector<int32_t> tokens = prompt_tokens(o, m, true, true);
+    if (tokens.empty()) usage_error("the prompt is empty");
+    llm::Context ctx(m, context_params(o, o.n_ctx > 0 ? o.n_ctx : std::max<int>(256, (int)tokens.size())));
+    if ((int)tokens.size() > ctx.n_ctx_seq()) {
+        throw llm::Error("prompt of " + std::to_string(tokens.size()) + " tokens is longer than the context (" +
+                         std::to_string(ctx.n_ctx_seq()) + ")");
+    }
+    std::vector<float> logits;
+    prefill(ctx, tokens, 0, o.n_batch, &logits);
+    FILE* f = fopen(o.dump_logits.c_str(), "wb");
+    if (!f) throw llm::Error("cannot write " + o.dump_logits + ": " + strerror(errno));
+    size_t w = fwrite(logits.data(), sizeof(float), logits.size(), f);
+    if (fclose(f) != 0 || w != logits.size()) throw llm::Error("write to " + o.dump_logits + " failed");
+    fprintf(stderr, "wrote %zu x %d logits to %s\n", tokens.size(), m.hp.n_vocab, o.dump_logits.c_str());
+    return 0;
+}
+
+void print_timing(const char* what, double ms, int n) {
+    fprintf(stderr, "%18s = %10.2f ms / %5d tokens (%8.2f ms per token, %8.2f tokens per second)\n", what, ms, n,
+            n > 0 ? ms / n : 0.0, n > 0 && ms > 0 ? 1000.0 * n / ms : 0.0);
+}
+
+int run_complete(const Options& o, const llm::Model& m) {
+    std::vector<int32_t> tokens = prompt_tokens(o, m, true, true);
+    if (tokens.empty()) usage_error("the prompt is empty");
+    llm::Context ctx(m, context_params(o, o.n_ctx));
+    fprintf(stderr, "kv cache: %.2f MiB for %d tokens, %.2f KiB per token (K %s, V %s); %d threads\n",
+            mib(ctx.kv_bytes()), ctx.n_ctx(), ctx.kv_bytes_per_token() / 1024.0, llm::type_info(o.type_k).name,
+            llm::type_info(o.type_v).name, ctx.n_threads());
+    if ((int)tokens.size() >= ctx.n_ctx_seq()) {
+        throw llm::Error("prompt of " + std::to_string(tokens.size()) + " tokens does not fit the context of " +
+                         std::to_string(ctx.n_ctx_seq()) + " (raise -c)");
+    }
+    if (o.verbose_prompt) {
+        for (int32_t t : tokens) fprintf(stderr, "%6d -> '%s'\n", t, m.vocab.token_to_piece(t).c_str());
+    }
+    llm::Sampler sampler(o.sampling);
+    for (int32_t t : tokens) sampler.accept(t);
+    fputs(o.prompt_file.empty() && !o.has_prompt_ids ? o.prompt.c_str() : "", stdout);
+    fflush(stdout);
+
+    double t0 = llm::now_seconds();
+    prefill(ctx, tokens, 0, o.n_batch, nullptr);
+    double t_prompt = llm::now_seconds() - t0;
+
+    int n_gen = 0, pos = (int)tokens.size();
+    const int limit = o.n_predict < 0 ? ctx.n_ctx_seq() - pos : std::min(o.n_predict, ctx.n_ctx_seq() - pos);
+    double t1 = llm::now_seconds();
+    llm::Batch batch;
+    while (n_gen < limit) {
+        int32_t tok = sampler.sample(ctx.logits(0), m.hp.n_vocab);
+        sampler.accept(tok);
+        n_gen++;
+        if (m.vocab.is_eog(tok)) break;
+        fputs(m.vocab.token_to_piece(tok, false).c_str(), stdout);
+        fflush(stdout);
+        if (n_gen == limit) break;
+        batch.clear();
+        batch.add(tok, pos++, 0, true);
+        ctx.decode(batch);
+    }
+    double t_gen = llm::now_seconds() - t1;
+    printf("\n");
+    fprintf(stderr, "\n");
+    print_timing("prompt eval time", t_prompt * 1000, (int)tokens.size());
+    print_timing("eval time", t_gen * 1000, n_gen);
+    print_timing("total time", (t_prompt + t_gen) * 1000, (int)tokens.size() + n_gen);
+    return 0;
+}
+
+// llama-bench style: pp = one prompt of n_prompt tokens from an empty cache; tg = n_gen single-token
+// steps. Each test repeats; the median is reported with the standard deviation.
+int run_bench(const Options& o, const llm::Model& m) {
+    const int n_prompt = o.has_prompt ? atoi(o.prompt.c_str()) : 512;
+    const int n_gen = o.n_predict < 0 ? 128 : o.n_predict;
+    if (n_prompt < 0 || n_gen < 0 || o.bench_reps <= 0) usage_error("--bench needs -p N >= 0, -n N >= 0, -r N > 0");
+    llm::Context ctx(m, context_params(o, std::max(o.n_ctx, n_prompt + n_gen + 1)));
+    std::mt19937 rng(42);
+    std::vector<int32_t> tokens(std::max(n_prompt, 1));
+    for (auto& t : tokens) t = (int32_t)(rng() % m.hp.n_vocab);
+
+    // Warm-up pass (page in the weights), not measured.
+    prefill(ctx, std::vector<int32_t>(tokens.begin(), tokens.begin() + std::min<size_t>(tokens.size(), 16)), 0, o.n_batch, nullptr);
+    auto measure = [&](bool pp) {
+        std::vector<double> tps;
+        for (int r = 0; r < o.bench_reps; r++) {
+            ctx.seq_truncate(0, 0);
+            double t0 = llm::now_seconds();
+            if (pp) {
+                prefill(ctx, tokens, 0, o.n_batch, nullptr);
+            } else {
+                llm::Batch b;
+                for (int i = 0; i < n_gen; i++) {
+                    b.clear();
+                    b.add(tokens[i % tokens.size()], i, 0, true);
+                    ctx.decode(b);
+                }
+            }
+            tps.push_back((pp ? n_prompt : n_gen) / (llm::now_seconds() - t0));
+        }
+        std::vector<double> sorted = tps;
+        std::sort(sorted.begin(), sorted.end());
+        double median = sorted[sorted.size() / 2], mean = 0, var = 0;
+        for (double x : tps) mean += x / tps.size();
+        for (double x : tps) var += (x - mean) * (x - mean) / std::max<size_t>(1, tps.size() - 1);
+        return std::make_pair(median, std::sqrt(var));
+    };
+    char model_desc[128];
+    snprintf(model_desc, sizeof model_desc, "%s %.0fM", m.arch_str.c_str(), m.n_params() / 1e6);
+    printf("| %-20s | %10s | %8s | %7s | %7s | %16s |\n", "model", "size", "params", "threads", "test", "t/s (median)");
+    printf("| %-20s | %10s | %8s | %7s | %7s | %16s |\n", "---", "---", "---", "---", "---", "---");
+    auto row = [&](const std::string& test, std::pair<double, double> r) {
+        printf("| %-20s | %7.2f MiB | %7.2fM | %7d | %7s | %8.2f ± %5.2f |\n", model_desc, mib(m.weight_bytes()),
+               m.n_params() / 1e6, ctx.n_threads(), test.c_str(), r.first, r.second);
+        fflush(stdout);
+    };
+    if (n_prompt > 0) row("pp" + std::to_string(n_prompt), measure(true));
+    if (n_gen > 0) row("tg" + std::to_string(n_gen), measure(false));
+    return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    Options o = parse_args(argc, argv);
+    try {
+        if (o.tokenize) return run_tokenize(o);
+        llm::ModelOptions mo;
+        mo.use_mmap = o.use_mmap;
+        mo.mlock = o.mlock;
+        double t0 = llm::now_seconds();
+        auto model = llm::Model::load(o.model, mo);
+        fprintf(stderr, "loaded %s: %s, %d layers, n_embd %d, %d heads (%d kv), vocab %d, %.1fM params, "
+                        "weights %.2f MiB, %.0f ms\n",
+                o.model.c_str(), model->arch_str.c_str(), model->hp.n_layer, model->hp.n_embd, model->hp.n_head,
+                model->hp.n_head_kv, model->hp.n_vocab, model->n_params() / 1e6, mib(model->weight_bytes()),
+                (llm::now_seconds() - t0) * 1000);
+        if (!o.dump_logits.empty()) return run_dump_logits(o, *model);
+        if (o.bench) return run_bench(o, *model);
+        if (o.has_prompt || o.has_prompt_ids || !o.prompt_file.empty()) return run_complete(o, *model);
+        usage_error("nothing to do: give -p PROMPT, --prompt-ids, --tokenize, --dump-logits or --bench");
+    } catch (const std::exception& e) {
+        fprintf(stderr, "error: %s\n", e.what());
+        return 1;
+    }
+}

@@ -1,0 +1,7 @@
+// doctest's main, and the one translation unit of the test program that compiles the implementation.
+// The tests/test_*.cpp files include llm.hpp plainly.
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <doctest/doctest.h>
+
+#define LLM_IMPLEMENTATION
+#include "../llm.hpp"

@@ -1,0 +1,380 @@
+// Quantization formats: dequantizers and reference quantizers against the `gguf` Python package
+// (llama.cpp's gguf-py), round-trip error bounds, every SIMD dot-product path against the scalar
+// reference, and matmul_rows against vec_dot.
+#include <doctest/doctest.h>
+
+#include "../llm.hpp"
+#include "util.hpp"
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <unistd.h>
+
+using llm::Type;
+
+namespace {
+
+std::vector<uint8_t> read_bytes(const std::string& path) {
+    std::string s = testutil::read_file(path);
+    return std::vector<uint8_t>(s.begin(), s.end());
+}
+std::vector<float> read_floats(const std::string& path) {
+    std::vector<uint8_t> b = read_bytes(path);
+    std::vector<float> f(b.size() / 4);
+    memcpy(f.data(), b.data(), f.size() * 4);
+    return f;
+}
+// Minimal half conversions for normal values (the engine's own are implementation-only).
+float h2f(uint16_t h) {
+    const uint32_t e = (h >> 10) & 0x1f, bits = (uint32_t)(h & 0x8000) << 16 | (e ? (e + 112) << 23 | (h & 0x3ff) << 13 : 0);
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+uint16_t f2h(float f) {  // truncating; only used for test scales
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return (uint16_t)((u >> 16 & 0x8000) | (((u >> 23 & 0xff) - 112) << 10) | (u >> 13 & 0x3ff));
+}
+struct BlockQ8_1 { uint16_t d, s; int8_t qs[32]; };  // ggml's block_q8_1
+struct BlockQ8_K { float d; int8_t qs[256]; int16_t bsums[16]; };
+
+uint32_t bits_of(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+
+// Runs tests/quant_ref.py once; returns its output directory, or "" when python3 + gguf are missing.
+struct RefData {
+    std::string dir;
+    std::vector<std::vector<std::string>> index;  // kind, type name, count, file prefix
+};
+const RefData& ref_data() {
+    static RefData r = [] {
+        RefData d;
+        if (testutil::run("python3 -c 'import gguf, numpy' 2>/dev/null") != 0) return d;
+        std::string script = std::string(__FILE__);
+        script = script.substr(0, script.rfind('/') + 1) + "quant_ref.py";
+        if (!testutil::file_exists(script)) script = "tests/quant_ref.py";
+        d.dir = "/tmp/llm_quant_ref_" + std::to_string(getpid());
+        std::string models;
+        const std::string mdir = testutil::shared_dir() + "/golden/models/";
+        for (const std::string& f : testutil::list_dir(mdir, ".gguf"))
+            if (f.rfind("tiny-llama-", 0) == 0 && (f.find("-pure") != std::string::npos || f == "tiny-llama-Q6_K.gguf" || f == "tiny-llama-Q8_0.gguf"))
+                models += " '" + mdir + f + "'";
+        std::string out;
+        if (testutil::run("python3 '" + script + "' '" + d.dir + "'" + models + " 2>&1", &out) != 0) {
+            MESSAGE("quant_ref.py failed: " << out);
+            d.dir.clear();
+            return d;
+        }
+        static struct Cleanup {  // remove the reference files when the test program exits
+            std::string dir;
+            ~Cleanup() { if (!dir.empty()) testutil::run("rm -rf '" + dir + "'"); }
+        } cleanup;
+        cleanup.dir = d.dir;
+        std::stringstream ss(testutil::read_file(d.dir + "/index.txt"));
+        std::string kind, name, count, prefix;
+        while (ss >> kind >> name >> count >> prefix) d.index.push_back({kind, name, count, prefix});
+        return d;
+    }();
+    return r;
+}
+
+template <class Fn>
+void for_each_ref(const std::string& kind, Fn fn) {
+    const RefData& r = ref_data();
+    if (r.dir.empty()) {
+        MESSAGE("SKIPPED: python3 with the gguf package is not available");
+        return;
+    }
+    int n = 0;
+    for (const auto& e : r.index) {
+        if (e[0] != kind) continue;
+        n++;
+        fn(llm::type_from_name(e[1]), std::stoll(e[2]), r.dir + "/" + e[3]);
+    }
+    CHECK(n > 0);
+}
+
+void check_dequant_exact(Type t, int64_t n, const std::string& prefix) {
+    CAPTURE(prefix);
+    std::vector<uint8_t> raw = read_bytes(prefix + ".raw");
+    std::vector<float> want = read_floats(prefix + ".f32");
+    REQUIRE(want.size() == (size_t)n);
+    REQUIRE(raw.size() == llm::row_bytes(t, n));
+    std::vector<float> got(n);
+    llm::dequantize_row(t, raw.data(), got.data(), n);
+    int64_t bad = 0;
+    for (int64_t i = 0; i < n; i++)
+        if (bits_of(got[i]) != bits_of(want[i])) {
+            if (bad++ < 3) MESSAGE("value " << i << ": got " << got[i] << ", gguf " << want[i]);
+        }
+    CHECK(bad == 0);
+}
+
+std::vector<float> random_floats(std::mt19937& rng, int64_t n, float scale) {
+    std::normal_distribution<float> nd(0.0f, scale);
+    std::vector<float> v(n);
+    for (auto& x : v) x = nd(rng);
+    return v;
+}
+
+std::vector<uint8_t> quantized(Type t, const std::vector<float>& x) {
+    std::vector<uint8_t> q(llm::row_bytes(t, (int64_t)x.size()));
+    llm::quantize_row(t, x.data(), q.data(), (int64_t)x.size());
+    return q;
+}
+
+// Random weights of type t: produced by quantizing random floats, so scales are realistic. K-quant
+// weights come from quantize_row_kquant when it is available, else from random bytes with sane scales.
+std::vector<uint8_t> random_weights(std::mt19937& rng, Type t, int64_t n) {
+    std::vector<float> x = random_floats(rng, n, 0.05f);
+    try {
+        return quantized(t, x);
+    } catch (const llm::Error&) {
+    }
+    std::vector<uint8_t> q(llm::row_bytes(t, n));
+    for (auto& b : q) b = (uint8_t)rng();
+    // overwrite the fp16 scale fields with small positive values
+    struct Field { Type t; size_t block, off[2]; int count; };
+    static const Field fields[] = {
+        {Type::Q2_K, 84, {80, 82}, 2}, {Type::Q3_K, 110, {108, 0}, 1}, {Type::Q4_K, 144, {0, 2}, 2},
+        {Type::Q5_K, 176, {0, 2}, 2}, {Type::Q6_K, 210, {208, 0}, 1},
+    };
+    for (const Field& f : fields) {
+        if (f.t != t) continue;
+        std::uniform_real_distribution<float> ud(0.001f, 0.01f);
+        for (size_t b = 0; b < q.size() / f.block; b++)
+            for (int i = 0; i < f.count; i++) {
+                uint16_t h = f2h(ud(rng));
+                memcpy(&q[b * f.block + f.off[i]], &h, 2);
+            }
+    }
+    return q;
+}
+
+const Type kWeightTypes[] = {Type::F32, Type::F16, Type::BF16, Type::Q4_0, Type::Q4_1, Type::Q5_0, Type::Q5_1,
+                             Type::Q8_0, Type::IQ4_NL, Type::Q2_K, Type::Q3_K, Type::Q4_K, Type::Q5_K, Type::Q6_K};
+
+std::vector<llm::Isa> supported_isas() {
+    std::vector<llm::Isa> v;
+    for (int i = 0; i <= (int)llm::isa_best(); i++) v.push_back((llm::Isa)i);
+    return v;
+}
+
+struct IsaGuard {  // restores the automatic choice when a test forced one
+    llm::Isa saved = llm::isa_current();
+    ~IsaGuard() { llm::isa_set(saved); }
+};
+
+} // namespace
+
+TEST_CASE("quants: dequantize_row matches gguf-py on random blocks, bit for bit") {
+    for_each_ref("deq", check_dequant_exact);
+}
+
+TEST_CASE("quants: dequantize_row matches gguf-py on real model tensors") {
+    for_each_ref("model", check_dequant_exact);
+}
+
+TEST_CASE("quants: quantize_row matches gguf-py's quantizers, byte for byte") {
+    for_each_ref("quant", [](Type t, int64_t n, const std::string& prefix) {
+        CAPTURE(prefix);
+        std::vector<float> x = read_floats(prefix + ".in");
+        std::vector<uint8_t> want = read_bytes(prefix + ".raw");
+        REQUIRE(x.size() == (size_t)n);
+        // Model-file quantization (the reference rounding that gguf-py reproduces).
+        std::vector<uint8_t> got(llm::row_bytes(t, n));
+        llm::quantize_row_weights(t, x.data(), got.data(), n);
+        REQUIRE(got.size() == want.size());
+        size_t bad = 0;
+        for (size_t i = 0; i < got.size(); i++) bad += got[i] != want[i];
+        CHECK(bad == 0);
+    });
+}
+
+TEST_CASE("quants: float conversions are exact where they should be") {
+    std::mt19937 rng(7);
+    std::vector<float> x = random_floats(rng, 64, 1.0f);
+    std::vector<float> y(64);
+    llm::dequantize_row(Type::F32, quantized(Type::F32, x).data(), y.data(), 64);
+    CHECK(memcmp(x.data(), y.data(), 64 * 4) == 0);
+    for (Type t : {Type::F16, Type::BF16}) {
+        std::vector<uint8_t> q = quantized(t, x);
+        llm::dequantize_row(t, q.data(), y.data(), 64);
+        for (int i = 0; i < 64; i++) CHECK(std::fabs(y[i] - x[i]) <= std::fabs(x[i]) * (t == Type::F16 ? 1e-3f : 8e-3f));
+    }
+}
+
+TEST_CASE("quants: quantize/dequantize round trip error bounds") {
+    std::mt19937 rng(42);
+    const int64_t n = 4 * 256;
+    std::vector<float> x = random_floats(rng, n, 1.0f);
+    // Relative RMS error bound per type (generous: a few times the expected value for gaussian data).
+    const std::pair<Type, double> cases[] = {
+        {Type::Q8_0, 0.01}, {Type::Q8_1, 0.01}, {Type::Q8_K, 0.01}, {Type::Q5_0, 0.05}, {Type::Q5_1, 0.05},
+        {Type::Q4_0, 0.1}, {Type::Q4_1, 0.1}, {Type::IQ4_NL, 0.1},
+    };
+    double sum2 = 0;
+    for (float v : x) sum2 += (double)v * v;
+    for (const auto& tc : cases) {
+        const Type t = tc.first;
+        const double bound = tc.second;
+        CAPTURE(llm::type_info(t).name);
+        std::vector<uint8_t> q = quantized(t, x);
+        std::vector<float> y(n);
+        if (t == Type::Q8_1) {
+            // no dequantizer for q8_1 (activation-only type): read the blocks directly
+            for (int64_t b = 0; b < n / 32; b++) {
+                const auto* blk = (const BlockQ8_1*)q.data() + b;
+                int sum = 0;
+                for (int j = 0; j < 32; j++) {
+                    y[b * 32 + j] = blk->qs[j] * h2f(blk->d);
+                    sum += blk->qs[j];
+                }
+                CHECK(std::fabs(h2f(blk->s) - sum * h2f(blk->d)) <=
+                      1e-2f * std::fabs(sum * h2f(blk->d)) + 1e-3f);
+            }
+        } else {
+            llm::dequantize_row(t, q.data(), y.data(), n);
+        }
+        double err2 = 0;
+        for (int64_t i = 0; i < n; i++) err2 += (double)(y[i] - x[i]) * (y[i] - x[i]);
+        CHECK(std::sqrt(err2 / sum2) < bound);
+    }
+    // Q8_K block sums are the sums of its quants.
+    std::vector<uint8_t> q = quantized(Type::Q8_K, x);
+    const auto* blk = (const BlockQ8_K*)q.data();
+    for (int j = 0; j < 16; j++) {
+        int s = 0;
+        for (int i = 0; i < 16; i++) s += blk->qs[16 * j + i];
+        CHECK(blk->bsums[j] == s);
+    }
+    // All-zero input quantizes to zeros.
+    std::vector<float> zeros(n, 0.0f), back(n, 1.0f);
+    for (const auto& tc : cases) {
+        const Type t = tc.first;
+        if (t == Type::Q8_1) continue;
+        std::vector<uint8_t> qz = quantized(t, zeros);
+        llm::dequantize_row(t, qz.data(), back.data(), n);
+        for (float v : back) CHECK(v == 0.0f);
+    }
+}
+
+TEST_CASE("quants: vec_dot_type") {
+    CHECK(llm::vec_dot_type(Type::F32) == Type::F32);
+    CHECK(llm::vec_dot_type(Type::F16) == Type::F16);
+    CHECK(llm::vec_dot_type(Type::BF16) == Type::BF16);
+    for (Type t : {Type::Q4_0, Type::Q5_0, Type::Q8_0, Type::IQ4_NL}) CHECK(llm::vec_dot_type(t) == Type::Q8_0);
+    for (Type t : {Type::Q4_1, Type::Q5_1}) CHECK(llm::vec_dot_type(t) == Type::Q8_1);
+    for (Type t : {Type::Q2_K, Type::Q3_K, Type::Q4_K, Type::Q5_K, Type::Q6_K}) CHECK(llm::vec_dot_type(t) == Type::Q8_K);
+}
+
+TEST_CASE("quants: scalar vec_dot approximates the float dot product of the dequantized rows") {
+    IsaGuard guard;
+    llm::isa_set(llm::Isa::Scalar);
+    std::mt19937 rng(3);
+    const int64_t n = 512;
+    for (Type t : kWeightTypes) {
+        CAPTURE(llm::type_info(t).name);
+        std::vector<uint8_t> w = random_weights(rng, t, n);
+        std::vector<float> a = random_floats(rng, n, 1.0f);
+        const Type at = llm::vec_dot_type(t);
+        std::vector<uint8_t> aq = quantized(at, a);
+        std::vector<float> wf(n), af(n);
+        llm::dequantize_row(t, w.data(), wf.data(), n);
+        if (at == Type::Q8_1) {
+            for (int64_t i = 0; i < n; i++) {
+                const auto* b = (const BlockQ8_1*)aq.data() + i / 32;
+                af[i] = b->qs[i % 32] * h2f(b->d);
+            }
+        } else {
+            llm::dequantize_row(at, aq.data(), af.data(), n);
+        }
+        double want = 0, mag = 0;
+        for (int64_t i = 0; i < n; i++) {
+            want += (double)wf[i] * af[i];
+            mag += std::fabs((double)wf[i] * af[i]);
+        }
+        const float got = llm::vec_dot(t, n, w.data(), aq.data());
+        CHECK(std::fabs(got - want) <= 1e-4 * mag + 1e-6);
+    }
+}
+
+TEST_CASE("quants: every SIMD path agrees with the scalar vec_dot") {
+    IsaGuard guard;
+    std::mt19937 rng(11);
+    MESSAGE("best instruction set: " << llm::isa_name(llm::isa_best()));
+    for (Type t : kWeightTypes) {
+        for (int64_t n : {256, 768, 4096, 264, 37}) {  // the last two only for float types (tails)
+            if (n % llm::type_info(t).block_size) continue;
+            CAPTURE(llm::type_info(t).name);
+            CAPTURE(n);
+            std::vector<uint8_t> w = random_weights(rng, t, n);
+            std::vector<float> a = random_floats(rng, n, 1.0f);
+            std::vector<uint8_t> aq = quantized(llm::vec_dot_type(t), a);
+            llm::isa_set(llm::Isa::Scalar);
+            const float want = llm::vec_dot(t, n, w.data(), aq.data());
+            // scale for the tolerance: the dot product of absolute values
+            std::vector<float> wf(n);
+            llm::dequantize_row(t, w.data(), wf.data(), n);
+            double mag = 0;
+            for (int64_t i = 0; i < n; i++) mag += std::fabs(wf[i] * a[i]);
+            for (llm::Isa isa : supported_isas()) {
+                if (isa == llm::Isa::Scalar) continue;
+                CAPTURE(llm::isa_name(isa));
+                llm::isa_set(isa);
+                const float got = llm::vec_dot(t, n, w.data(), aq.data());
+                CHECK(std::fabs(got - want) <= 2e-5 * mag + 1e-6);
+            }
+        }
+    }
+}
+
+TEST_CASE("quants: matmul_rows equals vec_dot for every tile shape") {
+    IsaGuard guard;
+    std::mt19937 rng(5);
+    const int64_t k = 512, rows = 7, cols = 6, ld = 9;  // odd sizes exercise the 1-row and 1-column tails
+    for (Type t : kWeightTypes) {
+        CAPTURE(llm::type_info(t).name);
+        const Type at = llm::vec_dot_type(t);
+        const size_t wrow = llm::row_bytes(t, k), arow = llm::row_bytes(at, k);
+        std::vector<uint8_t> W, A;
+        for (int r = 0; r < rows; r++) {
+            std::vector<uint8_t> w = random_weights(rng, t, k);
+            W.insert(W.end(), w.begin(), w.end());
+        }
+        for (int c = 0; c < cols; c++) {
+            std::vector<uint8_t> q = quantized(at, random_floats(rng, k, 1.0f));
+            A.insert(A.end(), q.begin(), q.end());
+        }
+        for (llm::Isa isa : supported_isas()) {
+            CAPTURE(llm::isa_name(isa));
+            llm::isa_set(isa);
+            for (int64_t n_act : {(int64_t)1, (int64_t)cols}) {
+                std::vector<float> out(ld * cols, -1.0f);
+                llm::matmul_rows(t, W.data(), wrow, k, 1, rows, A.data(), arow, n_act, out.data(), ld);
+                for (int64_t j = 0; j < cols; j++) {
+                    for (int64_t i = 0; i < ld; i++) {
+                        if (j < n_act && i >= 1 && i < rows) {
+                            const float want = llm::vec_dot(t, k, W.data() + i * wrow, A.data() + j * arow);
+                            CHECK(out[j * ld + i] == want);  // same kernel, same summation order
+                        } else {
+                            CHECK(out[j * ld + i] == -1.0f);  // untouched
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+TEST_CASE("quants: isa_set rejects what the CPU lacks") {
+    IsaGuard guard;
+    CHECK_NOTHROW(llm::isa_set(llm::Isa::Scalar));
+    if (llm::isa_best() != llm::Isa::AVX512) CHECK_THROWS_AS(llm::isa_set(llm::Isa::AVX512), llm::Error);
+    CHECK(!llm::isa_name(llm::isa_best()).empty());
+}
