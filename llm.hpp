@@ -198,7 +198,8 @@ struct LayerWeights {
 struct ModelOptions {
     bool use_mmap = true;
     bool mlock = false;
-    bool vocab_only = false;  // tokenizer only: no architecture or tensors required
+    bool vocab_only = false;     // tokenizer only: no architecture or tensors required
+    bool metadata_only = false;  // tokenizer and hyperparameters, no tensors bound (for --plan)
 };
 
 class Model {
@@ -254,6 +255,13 @@ public:
     int n_seq() const;
     int seq_len(int seq) const;           // tokens cached for seq
     void seq_truncate(int seq, int n);    // keep the first n positions of seq
+    // The cached K/V rows of positions [0, n) of seq as one blob (for a host-RAM prompt cache), and
+    // back: restore replaces seq's cache with the blob's n positions. Blobs fit only contexts of the
+    // same model and cache types.
+    std::vector<uint8_t> seq_save(int seq, int n) const;
+    void seq_restore(int seq, const std::vector<uint8_t>& blob);
+    // Copies the first n positions of src into dst (dst's cache is replaced).
+    void seq_copy(int src, int dst, int n);
     size_t kv_bytes() const;              // whole cache
     size_t kv_bytes_per_token() const;    // all layers, K and V
     int n_threads() const;
@@ -292,6 +300,23 @@ private:
 };
 
 int physical_core_count();
+
+// ---- Memory planning -----------------------------------------------------------------------
+// What a deployment needs, computed from metadata alone (nothing is allocated): the calculator our
+// users otherwise keep in a spreadsheet.
+struct MemoryPlan {
+    size_t weight_bytes = 0;        // tensor data in the file(s)
+    size_t kv_bytes_per_token = 0;  // all layers, K and V (MLA: the latent row once)
+    size_t kv_bytes_per_slot = 0;   // for n_ctx_slot tokens
+    size_t kv_bytes_total = 0;      // for all slots
+    size_t compute_bytes = 0;       // activations and scratch for one batch (estimate)
+    size_t total_bytes = 0;
+    size_t mem_available = 0;       // MemAvailable, capped by a cgroup memory limit; 0 if unknown
+    bool fits = false;
+};
+size_t kv_bytes_per_token(const HParams& hp, Type type_k, Type type_v);
+MemoryPlan plan_memory(const Model& model, int n_ctx_slot, int n_slots, Type type_k, Type type_v, int n_batch = 512);
+size_t memory_available();
 
 // Expert routing of one token (exposed for tests): writes hp.n_expert_used expert ids and weights.
 void moe_route(const HParams& hp, const float* router_logits, const float* selection_bias, int32_t* experts, float* weights);
@@ -1041,7 +1066,8 @@ static void load_hparams(Model& m) {
     hp.n_rot = (int)hparam_int(g, a + "rope.dimension_count", hp.head_dim_k, false);
     if (hp.n_rot <= 0 || hp.n_rot > hp.head_dim_k || hp.n_rot % 2) fail("rope.dimension_count out of range");
     hp.rope_base = (float)g.get_float(a + "rope.freq_base", 10000.0);
-    hp.rope_base_swa = (float)g.get_float(a + "rope.freq_base_swa", hp.rope_base);
+    // Sliding-window layers of gemma3 use base 10000 unless the file says otherwise.
+    hp.rope_base_swa = (float)g.get_float(a + "rope.freq_base_swa", hp.arch == Arch::Gemma3 ? 10000.0 : hp.rope_base);
     std::string scaling = g.get_str(a + "rope.scaling.type", "none");
     double factor = g.get_float(a + "rope.scaling.factor", 0.0);
     if (scaling == "linear" && factor > 0) hp.rope_freq_scale = (float)(1.0 / factor);
@@ -1267,6 +1293,7 @@ std::unique_ptr<Model> Model::load(const std::string& path, const ModelOptions& 
     m->arch_str = m->gguf->get_str("general.architecture", "");
     if (m->arch_str.empty()) fail("%s: no general.architecture (a vocabulary-only file?)", path.c_str());
     load_hparams(*m);
+    if (opt.metadata_only) return m;
     bind_tensors(*m);
     if (opt.mlock) {
         // Best effort: the mapping stays usable when the OS refuses to pin it.
@@ -1899,10 +1926,98 @@ void Context::seq_truncate(int seq, int n) {
     int& len = impl_->kv.seq_len.at(seq);
     len = std::max(0, std::min(len, n));
 }
+std::vector<uint8_t> Context::seq_save(int seq, int n) const {
+    KVCache& kv = impl_->kv;
+    if (seq < 0 || seq >= kv.n_seq || n < 0 || n > kv.seq_len[seq]) fail("seq_save: no positions [0, %d) in sequence %d", n, seq);
+    std::vector<uint8_t> blob(sizeof(int32_t) + kv.bytes_per_token() * n);
+    memcpy(blob.data(), &n, sizeof(int32_t));
+    uint8_t* p = blob.data() + sizeof(int32_t);
+    for (int il = 0; il < kv.n_layer; il++) {
+        memcpy(p, kv.k_row(il, seq, 0), kv.row_k * n);
+        p += kv.row_k * n;
+        if (kv.row_v) memcpy(p, kv.v_row(il, seq, 0), kv.row_v * n);
+        p += kv.row_v * n;
+    }
+    return blob;
+}
+void Context::seq_restore(int seq, const std::vector<uint8_t>& blob) {
+    KVCache& kv = impl_->kv;
+    int32_t n = -1;
+    if (blob.size() >= sizeof n) memcpy(&n, blob.data(), sizeof n);
+    if (seq < 0 || seq >= kv.n_seq || n < 0 || n > kv.n_cells_seq || blob.size() != sizeof n + kv.bytes_per_token() * n) {
+        fail("seq_restore: blob does not fit sequence %d of this context", seq);
+    }
+    const uint8_t* p = blob.data() + sizeof n;
+    for (int il = 0; il < kv.n_layer; il++) {
+        memcpy(kv.k_row(il, seq, 0), p, kv.row_k * n);
+        p += kv.row_k * n;
+        if (kv.row_v) memcpy(kv.v_row(il, seq, 0), p, kv.row_v * n);
+        p += kv.row_v * n;
+    }
+    kv.seq_len[seq] = n;
+}
+void Context::seq_copy(int src, int dst, int n) {
+    if (src != dst) seq_restore(dst, seq_save(src, n));
+}
 size_t Context::kv_bytes() const { return impl_->kv.bytes(); }
 size_t Context::kv_bytes_per_token() const { return impl_->kv.bytes_per_token(); }
 int Context::n_threads() const { return impl_->pool.size(); }
 const Model& Context::model() const { return impl_->model; }
+
+// Memory planning -----------------------------------------------------------------------------
+
+size_t kv_bytes_per_token(const HParams& hp, Type type_k, Type type_v) {
+    const size_t k = row_bytes(type_k, hp.n_embd_k_gqa());
+    const size_t v = hp.mla ? 0 : row_bytes(type_v, hp.n_embd_v_gqa());
+    return (k + v) * hp.n_layer;
+}
+
+size_t memory_available() {
+    size_t avail = 0;
+    if (FILE* f = fopen("/proc/meminfo", "r")) {
+        char line[256];
+        unsigned long long kb;
+        while (fgets(line, sizeof line, f)) {
+            if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) avail = (size_t)kb * 1024;
+        }
+        fclose(f);
+    }
+    // In a container the cgroup limit is what counts (v2: memory.max, v1: memory.limit_in_bytes).
+    for (const char* path : {"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"}) {
+        if (FILE* f = fopen(path, "r")) {
+            unsigned long long limit;
+            if (fscanf(f, "%llu", &limit) == 1 && limit > 0 && limit < (1ull << 60)) avail = avail ? std::min(avail, (size_t)limit) : (size_t)limit;
+            fclose(f);
+        }
+    }
+    return avail;
+}
+
+MemoryPlan plan_memory(const Model& model, int n_ctx_slot, int n_slots, Type type_k, Type type_v, int n_batch) {
+    const HParams& hp = model.hp;
+    if (n_ctx_slot <= 0 || n_slots <= 0 || n_batch <= 0) fail("plan: context, slots and batch must be positive");
+    MemoryPlan p;
+    p.weight_bytes = model.weight_bytes();
+    p.kv_bytes_per_token = kv_bytes_per_token(hp, type_k, type_v);
+    p.kv_bytes_per_slot = p.kv_bytes_per_token * (size_t)n_ctx_slot;
+    p.kv_bytes_total = p.kv_bytes_per_slot * (size_t)n_slots;
+    // Scratch of one forward pass of n_batch tokens (the buffers of Context::Impl): residual stream
+    // and norms, q/k/v and attention output, the FFN (dense or the routed experts' rows), one
+    // sequence's V dequantized for attention, converted activations, and one row of logits.
+    const size_t B = (size_t)n_batch, f = sizeof(float);
+    const size_t ffn = hp.n_expert ? (size_t)hp.n_expert_used * std::max(hp.n_ff_exp, hp.n_ff) : (size_t)hp.n_ff;
+    size_t c = B * hp.n_embd * 3 * f;
+    c += B * ((size_t)hp.n_head * (hp.head_dim_k + hp.head_dim_v) + 2 * (size_t)hp.n_embd_k_gqa()) * f;
+    c += B * ffn * 3 * f + (hp.n_expert ? B * hp.n_expert_used * (size_t)hp.n_embd * 2 * f : 0);
+    c += (size_t)n_ctx_slot * std::max(hp.n_embd_v_gqa(), hp.head_dim_v) * f;
+    c += B * std::max<size_t>(hp.n_embd, ffn) * 2;
+    c += (size_t)hp.n_vocab * f * 2;
+    p.compute_bytes = c;
+    p.total_bytes = p.weight_bytes + p.kv_bytes_total + p.compute_bytes;
+    p.mem_available = memory_available();
+    p.fits = p.mem_available == 0 || p.total_bytes <= p.mem_available;
+    return p;
+}
 
 // ============================================================================================
 // 11. Sampling

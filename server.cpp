@@ -25,9 +25,9 @@ struct Options {
     std::string model, prompt, prompt_file, dump_logits;
     std::vector<int32_t> prompt_ids;
     bool has_prompt = false, has_prompt_ids = false;
-    int n_predict = -1, n_ctx = 0, n_threads = 0, n_batch = 512, bench_reps = 5;
+    int n_predict = -1, n_ctx = 0, n_threads = 0, n_batch = 512, bench_reps = 5, n_parallel = 1;
     llm::Type type_k = llm::Type::F16, type_v = llm::Type::F16;
-    bool tokenize = false, add_special = false, parse_special = false, bench = false;
+    bool tokenize = false, add_special = false, parse_special = false, bench = false, plan = false;
     bool use_mmap = true, mlock = false, verbose_prompt = false;
     llm::SamplerParams sampling;
 };
@@ -50,9 +50,12 @@ void print_usage() {
         "  --add-special            with --tokenize: add BOS/EOS as the model's metadata says\n"
         "  --parse-special          with --tokenize: parse special-token text into special tokens\n"
         "  --bench                  measure pp (-p N tokens) and tg (-n N tokens), -r repetitions, median\n"
+        "  --plan                   print the memory a deployment needs (weights, KV per token/slot/total,\n"
+        "                           compute) for -c N tokens per slot and -np N slots, without loading weights\n"
         "\n"
         "options:\n"
         "  -n, --n-predict N        tokens to generate (default: until end of text or context)\n"
+        "  -np, --parallel N        slots (server) / sequences planned for (--plan)\n"
         "  -c, --ctx-size N         context size (default: the model's, at most 4096)\n"
         "  -t, --threads N          threads (default: physical cores)\n"
         "  -b, --batch-size N       prompt tokens per forward pass (default 512)\n"
@@ -116,6 +119,8 @@ Options parse_args(int argc, char** argv) {
         else if (a == "--add-special") o.add_special = true;
         else if (a == "--parse-special") o.parse_special = true;
         else if (a == "--bench") o.bench = true;
+        else if (a == "--plan") o.plan = true;
+        else if (a == "-np" || a == "--parallel") o.n_parallel = next_int();
         else if (a == "-n" || a == "--n-predict") o.n_predict = next_int();
         else if (a == "-c" || a == "--ctx-size") o.n_ctx = next_int();
         else if (a == "-t" || a == "--threads") o.n_threads = next_int();
@@ -140,6 +145,7 @@ Options parse_args(int argc, char** argv) {
     if (o.model.empty()) usage_error("no model given (-m MODEL)");
     if (o.n_batch <= 0) usage_error("--batch-size must be positive");
     if (o.n_threads < 0) usage_error("--threads must not be negative");
+    if (o.n_parallel <= 0 || o.n_parallel > 256) usage_error("--parallel must be in 1..256");
     return o;
 }
 
@@ -325,12 +331,51 @@ int run_bench(const Options& o, const llm::Model& m) {
     return 0;
 }
 
+std::string human_bytes(size_t b) {
+    char buf[64];
+    if (b >= (1ull << 29)) snprintf(buf, sizeof buf, "%.2f GiB", b / double(1ull << 30));
+    else if (b >= (1ull << 20)) snprintf(buf, sizeof buf, "%.2f MiB", b / double(1ull << 20));
+    else if (b >= 1024) snprintf(buf, sizeof buf, "%.2f KiB", b / 1024.0);
+    else snprintf(buf, sizeof buf, "%zu B", b);
+    return buf;
+}
+
+// --plan: the KV-cache spreadsheet, from metadata only. -c is the context each slot gets here, so the
+// total is slots x context (the server itself splits -c across its slots: give it -c C*N for N
+// slots of C tokens).
+int run_plan(const Options& o) {
+    llm::ModelOptions mo;
+    mo.metadata_only = true;
+    auto m = llm::Model::load(o.model, mo);
+    const int n_ctx = o.n_ctx > 0 ? o.n_ctx : std::min(m->hp.n_ctx_train, 4096);
+    llm::MemoryPlan p = llm::plan_memory(*m, n_ctx, o.n_parallel, o.type_k, o.type_v, o.n_batch);
+    const llm::HParams& hp = m->hp;
+    printf("model:            %s (%s), %d layers, n_embd %d, %d heads", o.model.c_str(), m->arch_str.c_str(), hp.n_layer, hp.n_embd, hp.n_head);
+    if (hp.mla) printf(", MLA latent %d + rope %d\n", hp.kv_lora_rank, hp.n_rot);
+    else printf(" (%d kv) x %d dims\n", hp.n_head_kv, hp.head_dim_k);
+    printf("weights:          %s (%zu bytes)\n", human_bytes(p.weight_bytes).c_str(), p.weight_bytes);
+    printf("kv per token:     %zu B (%s) with K %s, V %s\n", p.kv_bytes_per_token, human_bytes(p.kv_bytes_per_token).c_str(),
+           llm::type_info(o.type_k).name, hp.mla ? "- (latent)" : llm::type_info(o.type_v).name);
+    printf("kv per slot:      %s (%d tokens)\n", human_bytes(p.kv_bytes_per_slot).c_str(), n_ctx);
+    printf("kv total:         %s (%d slots)\n", human_bytes(p.kv_bytes_total).c_str(), o.n_parallel);
+    printf("compute buffers:  %s (estimate, batch %d)\n", human_bytes(p.compute_bytes).c_str(), o.n_batch);
+    printf("total:            %s\n", human_bytes(p.total_bytes).c_str());
+    if (p.mem_available) {
+        printf("available:        %s -> %s\n", human_bytes(p.mem_available).c_str(), p.fits ? "fits" : "DOES NOT FIT");
+    } else {
+        printf("available:        unknown\n");
+    }
+    printf("server flags:     -c %lld -np %d\n", (long long)n_ctx * o.n_parallel, o.n_parallel);
+    return p.fits ? 0 : 2;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
     Options o = parse_args(argc, argv);
     try {
         if (o.tokenize) return run_tokenize(o);
+        if (o.plan) return run_plan(o);
         llm::ModelOptions mo;
         mo.use_mmap = o.use_mmap;
         mo.mlock = o.mlock;
