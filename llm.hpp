@@ -23,6 +23,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <random>
 #include <memory>
@@ -222,6 +223,7 @@ struct ContextParams {
     int n_seq = 1;           // independent sequences (server slots); each gets n_ctx / n_seq cells
     int n_threads = 0;       // 0 = physical cores
     Type type_k = Type::F16, type_v = Type::F16;
+    bool kv_unified = false;  // one pool for all sequences instead of n_ctx / n_seq each
 };
 
 // A batch of tokens to evaluate. Tokens of one sequence must come in increasing positions, and a
@@ -251,7 +253,8 @@ public:
     int n_logits() const;
 
     int n_ctx() const;                    // total cells
-    int n_ctx_seq() const;                // cells per sequence
+    int n_ctx_seq() const;                // most positions one sequence may hold
+    int n_cells_used() const;             // cells holding tokens, all sequences
     int n_seq() const;
     int seq_len(int seq) const;           // tokens cached for seq
     void seq_truncate(int seq, int n);    // keep the first n positions of seq
@@ -300,6 +303,9 @@ private:
 };
 
 int physical_core_count();
+
+// ---- Evaluation: perplexity and KL divergence ----------------------------------------------
+#include "wip/eval_api.inc"
 
 // ---- Memory planning -----------------------------------------------------------------------
 // What a deployment needs, computed from metadata alone (nothing is allocated): the calculator our
@@ -1310,22 +1316,29 @@ std::unique_ptr<Model> Model::load(const std::string& path, const ModelOptions& 
 // ============================================================================================
 // 9. KV cache
 // ============================================================================================
-// Cells are laid out per sequence: sequence s owns cells [s * n_cells_seq, (s + 1) * n_cells_seq) and
-// the token at position p of s lives in cell s * n_cells_seq + p. Each layer keeps one row of K and
-// one of V per cell, quantized to the cache type. Memory is reserved once, untouched until used.
+// Each layer keeps one row of K and one of V per cell, quantized to the cache type. A sequence's
+// positions map to cells through its page table (pages of 16 cells), so sequences can share one
+// pool and a truncated sequence returns its pages. Memory is reserved once, untouched until used.
 
 struct KVCache {
+    static constexpr int kBlock = 16;    // cells per page
     Type type_k = Type::F16, type_v = Type::F16;
-    int n_layer = 0, n_seq = 1, n_cells_seq = 0;
+    int n_layer = 0, n_seq = 1, n_blocks = 0;
+    int seq_cap = 0;                     // most positions one sequence may hold
     int64_t dim_k = 0, dim_v = 0;        // row widths (elements)
     size_t row_k = 0, row_v = 0;         // row widths (bytes)
-    std::vector<std::unique_ptr<uint8_t[]>> k, v;  // per layer: n_cells rows
+    std::vector<std::unique_ptr<uint8_t[]>> k, v;  // per layer: n_blocks * kBlock rows
     std::vector<int> seq_len;
+    std::vector<std::vector<int>> pages;  // per sequence: the blocks holding positions 0, 16, 32, ...
+    std::vector<int> free_blocks;
     // A quantized cache stores K and V rotated by a Walsh-Hadamard transform (blocks of rot_k / rot_v
     // values, 0 = off), as the reference does since 2026: rotation spreads outliers over a block so
     // 4- and 8-bit rows lose less, and it cancels in q.k and in the attention output.
     int rot_k = 0, rot_v = 0;
 
+    // Cells live in pages of kBlock tokens taken from one pool. Split mode gives every sequence
+    // n_cells / n_seq positions and a pool large enough that it can always have them; unified mode
+    // (kv_unified) lets any sequence grow to the whole pool while others leave room.
     void init(const HParams& hp, const ContextParams& cp, int n_cells_total) {
         for (Type t : {cp.type_k, cp.type_v}) {
             if (t != Type::F32 && t != Type::F16 && t != Type::Q8_0 && t != Type::Q4_0 && t != Type::IQ4_NL) {
@@ -1336,7 +1349,8 @@ struct KVCache {
         type_v = cp.type_v;
         n_layer = hp.n_layer;
         n_seq = cp.n_seq;
-        n_cells_seq = n_cells_total / n_seq;
+        seq_cap = cp.kv_unified ? n_cells_total : n_cells_total / n_seq;
+        n_blocks = cp.kv_unified ? (n_cells_total + kBlock - 1) / kBlock : n_seq * ((seq_cap + kBlock - 1) / kBlock);
         dim_k = hp.n_embd_k_gqa();
         dim_v = hp.mla ? 0 : hp.n_embd_v_gqa();  // a latent cache has no separate V
         for (auto [t, d] : {std::make_pair(type_k, hp.head_dim_k), std::make_pair(type_v, hp.mla ? 0 : hp.head_dim_v)}) {
@@ -1350,18 +1364,41 @@ struct KVCache {
             while (hp.head_dim_k % (rot_k * 2) == 0) rot_k *= 2;
         }
         if (!hp.mla && quantized(type_v) && hp.head_dim_v % 64 == 0) rot_v = 64;
-        size_t cells = (size_t)n_cells_seq * n_seq;
+        const size_t cells = (size_t)n_blocks * kBlock;
         for (int il = 0; il < n_layer; il++) {
             // new[] without value-initialization: pages are only committed as tokens are written.
             k.emplace_back(new uint8_t[cells * row_k]);
             v.emplace_back(row_v ? new uint8_t[cells * row_v] : nullptr);
         }
         seq_len.assign(n_seq, 0);
+        pages.assign(n_seq, {});
+        for (int b = n_blocks - 1; b >= 0; b--) free_blocks.push_back(b);
     }
     size_t bytes_per_token() const { return (row_k + row_v) * n_layer; }
-    size_t bytes() const { return bytes_per_token() * n_cells_seq * n_seq; }
-    uint8_t* k_row(int il, int seq, int pos) { return k[il].get() + ((size_t)seq * n_cells_seq + pos) * row_k; }
-    uint8_t* v_row(int il, int seq, int pos) { return v[il].get() + ((size_t)seq * n_cells_seq + pos) * row_v; }
+    size_t bytes() const { return bytes_per_token() * n_blocks * kBlock; }
+    int cells_used() const {
+        int n = 0;
+        for (int len : seq_len) n += len;
+        return n;
+    }
+    static int blocks_for(int n_pos) { return (n_pos + kBlock - 1) / kBlock; }
+    // Gives seq the pages for positions [0, n_pos); the caller checked there are enough free.
+    void reserve(int seq, int n_pos) {
+        while ((int)pages[seq].size() < blocks_for(n_pos)) {
+            pages[seq].push_back(free_blocks.back());
+            free_blocks.pop_back();
+        }
+    }
+    void truncate(int seq, int n) {
+        seq_len[seq] = std::max(0, std::min(seq_len[seq], n));
+        while ((int)pages[seq].size() > blocks_for(seq_len[seq])) {
+            free_blocks.push_back(pages[seq].back());
+            pages[seq].pop_back();
+        }
+    }
+    size_t cell(int seq, int pos) const { return (size_t)pages[seq][pos / kBlock] * kBlock + pos % kBlock; }
+    uint8_t* k_row(int il, int seq, int pos) { return k[il].get() + cell(seq, pos) * row_k; }
+    uint8_t* v_row(int il, int seq, int pos) { return v[il].get() + cell(seq, pos) * row_v; }
 };
 
 // ============================================================================================
@@ -1790,6 +1827,7 @@ struct Context::Impl {
         }
     }
 
+    // Checks the batch and reserves the cache pages it needs, all or nothing.
     void validate(const Batch& batch) {
         const int n = (int)batch.size();
         if (n == 0) fail("empty batch");
@@ -1801,10 +1839,17 @@ struct Context::Impl {
             const int s = batch.seq[i], p = batch.pos[i];
             if (batch.token[i] < 0 || batch.token[i] >= model.hp.n_vocab) fail("token id %d out of range [0, %d)", batch.token[i], model.hp.n_vocab);
             if (s < 0 || s >= kv.n_seq) fail("sequence id %d out of range", s);
-            if (p >= kv.n_cells_seq) fail("context is full: position %d needs more than the %d cells of a sequence", p, kv.n_cells_seq);
+            if (p >= kv.seq_cap) fail("context is full: position %d needs more than the %d cells of a sequence", p, kv.seq_cap);
             if (p != next[s]) fail("position %d of sequence %d does not continue its cache (expected %d)", p, s, next[s]);
             next[s]++;
         }
+        int needed = 0;
+        for (int s = 0; s < kv.n_seq; s++) needed += std::max(0, KVCache::blocks_for(next[s]) - (int)kv.pages[s].size());
+        if (needed > (int)kv.free_blocks.size()) {
+            fail("KV cache is full: the batch needs %d more cells than are free (%d of %d used)", needed * KVCache::kBlock,
+                 kv.cells_used(), kv.n_blocks * KVCache::kBlock);
+        }
+        for (int s = 0; s < kv.n_seq; s++) kv.reserve(s, next[s]);
     }
 
     void decode(const Batch& batch) {
@@ -1918,13 +1963,14 @@ const float* Context::logits(int i) const {
     return impl_->logits.data() + (size_t)i * impl_->model.hp.n_vocab;
 }
 int Context::n_logits() const { return impl_->n_logits; }
-int Context::n_ctx() const { return impl_->kv.n_cells_seq * impl_->kv.n_seq; }
-int Context::n_ctx_seq() const { return impl_->kv.n_cells_seq; }
+int Context::n_ctx() const { return impl_->kv.n_blocks * KVCache::kBlock; }
+int Context::n_ctx_seq() const { return impl_->kv.seq_cap; }
+int Context::n_cells_used() const { return impl_->kv.cells_used(); }
 int Context::n_seq() const { return impl_->kv.n_seq; }
 int Context::seq_len(int seq) const { return impl_->kv.seq_len.at(seq); }
 void Context::seq_truncate(int seq, int n) {
-    int& len = impl_->kv.seq_len.at(seq);
-    len = std::max(0, std::min(len, n));
+    if (seq < 0 || seq >= impl_->kv.n_seq) fail("sequence id %d out of range", seq);
+    impl_->kv.truncate(seq, n);
 }
 std::vector<uint8_t> Context::seq_save(int seq, int n) const {
     KVCache& kv = impl_->kv;
@@ -1933,10 +1979,8 @@ std::vector<uint8_t> Context::seq_save(int seq, int n) const {
     memcpy(blob.data(), &n, sizeof(int32_t));
     uint8_t* p = blob.data() + sizeof(int32_t);
     for (int il = 0; il < kv.n_layer; il++) {
-        memcpy(p, kv.k_row(il, seq, 0), kv.row_k * n);
-        p += kv.row_k * n;
-        if (kv.row_v) memcpy(p, kv.v_row(il, seq, 0), kv.row_v * n);
-        p += kv.row_v * n;
+        for (int pos = 0; pos < n; pos++, p += kv.row_k) memcpy(p, kv.k_row(il, seq, pos), kv.row_k);
+        for (int pos = 0; pos < n && kv.row_v; pos++, p += kv.row_v) memcpy(p, kv.v_row(il, seq, pos), kv.row_v);
     }
     return blob;
 }
@@ -1944,15 +1988,16 @@ void Context::seq_restore(int seq, const std::vector<uint8_t>& blob) {
     KVCache& kv = impl_->kv;
     int32_t n = -1;
     if (blob.size() >= sizeof n) memcpy(&n, blob.data(), sizeof n);
-    if (seq < 0 || seq >= kv.n_seq || n < 0 || n > kv.n_cells_seq || blob.size() != sizeof n + kv.bytes_per_token() * n) {
+    if (seq < 0 || seq >= kv.n_seq || n < 0 || n > kv.seq_cap || blob.size() != sizeof n + kv.bytes_per_token() * n) {
         fail("seq_restore: blob does not fit sequence %d of this context", seq);
     }
+    kv.truncate(seq, 0);
+    if (KVCache::blocks_for(n) > (int)kv.free_blocks.size()) fail("seq_restore: KV cache is full");
+    kv.reserve(seq, n);
     const uint8_t* p = blob.data() + sizeof n;
     for (int il = 0; il < kv.n_layer; il++) {
-        memcpy(kv.k_row(il, seq, 0), p, kv.row_k * n);
-        p += kv.row_k * n;
-        if (kv.row_v) memcpy(kv.v_row(il, seq, 0), p, kv.row_v * n);
-        p += kv.row_v * n;
+        for (int pos = 0; pos < n; pos++, p += kv.row_k) memcpy(kv.k_row(il, seq, pos), p, kv.row_k);
+        for (int pos = 0; pos < n && kv.row_v; pos++, p += kv.row_v) memcpy(kv.v_row(il, seq, pos), p, kv.row_v);
     }
     kv.seq_len[seq] = n;
 }
@@ -2094,6 +2139,8 @@ std::vector<std::pair<int32_t, float>> Sampler::top_probs(const float* logits, i
     for (int i = 0; i < n; i++) out.emplace_back(ids[i], (float)(std::exp((double)logits[ids[i]] - mx) / sum));
     return out;
 }
+
+#include "wip/eval.inc"
 
 } // namespace llm
 #endif // LLM_IMPLEMENTATION

@@ -1,0 +1,657 @@
+// llm-server's HTTP mode, end to end: ./llm-server runs as a child process on 127.0.0.1 (port 0, the
+// bound port is read from its log) and the tests talk to it over real sockets with http::Client.
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <thread>
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
+#include "../http.hpp"
+#include "util.hpp"
+
+namespace {
+
+using json = nlohmann::json;
+const char* kModel = "models/SmolLM2-135M-Instruct-Q4_1.gguf";
+
+double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+// A server child process. argv is the command (normally ./llm-server ...); its stdout and stderr go
+// to a log file, from which the port is read ("listening on 127.0.0.1:PORT").
+struct ServerProcess {
+    pid_t pid = -1;
+    int port = 0;
+    std::string log_path;
+
+    explicit ServerProcess(std::vector<std::string> argv, bool wait_healthy = true) {
+        REQUIRE_MESSAGE(testutil::file_exists(kModel), kModel << " is missing: run scripts/setup");
+        char tmpl[] = "/tmp/llm-server-test-XXXXXX";
+        int fd = mkstemp(tmpl);
+        REQUIRE(fd >= 0);
+        log_path = tmpl;
+        pid = fork();
+        REQUIRE(pid >= 0);
+        if (pid == 0) {
+            dup2(fd, 1);
+            dup2(fd, 2);
+            std::vector<char*> args;
+            for (auto& a : argv) args.push_back(a.data());
+            args.push_back(nullptr);
+            execvp(args[0], args.data());
+            _exit(127);
+        }
+        close(fd);
+        const std::string key = "listening on 127.0.0.1:";
+        for (double t0 = now_s(); port == 0; std::this_thread::sleep_for(std::chrono::milliseconds(20))) {
+            std::string l = log();
+            size_t at = l.find(key);
+            if (at != std::string::npos && l.find('\n', at) != std::string::npos) port = atoi(l.c_str() + at + key.size());
+            int st;
+            if (port == 0 && (waitpid(pid, &st, WNOHANG) == pid || now_s() - t0 > 30)) {
+                pid = -1;
+                FAIL("server did not start:\n" << l);
+            }
+        }
+        if (wait_healthy) wait_health();
+    }
+    ~ServerProcess() {
+        if (pid > 0) {
+            kill(pid, SIGKILL);
+            waitpid(pid, nullptr, 0);
+        }
+        unlink(log_path.c_str());
+    }
+    std::string log() const {
+        try { return testutil::read_file(log_path); } catch (...) { return ""; }
+    }
+    void wait_health() {
+        for (double t0 = now_s();; std::this_thread::sleep_for(std::chrono::milliseconds(20))) {
+            try {
+                http::Client c("127.0.0.1", port, 5000);
+                if (c.request("GET", "/health").status == 200) return;
+            } catch (const std::exception&) {
+            }
+            REQUIRE_MESSAGE(now_s() - t0 < 60, "server not healthy:\n" << log());
+        }
+    }
+    // Sends sig and waits for the exit; returns the exit status (-1: killed by a signal or timeout).
+    int stop(int sig, double timeout_s = 30) {
+        kill(pid, sig);
+        for (double t0 = now_s(); now_s() - t0 < timeout_s; std::this_thread::sleep_for(std::chrono::milliseconds(20))) {
+            int st;
+            if (waitpid(pid, &st, WNOHANG) == pid) {
+                pid = -1;
+                return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+            }
+        }
+        return -1;
+    }
+};
+
+std::vector<std::string> server_cmd(std::vector<std::string> extra) {
+    std::vector<std::string> a = {"./llm-server", "-m", kModel, "--host", "127.0.0.1", "--port", "0"};
+    a.insert(a.end(), extra.begin(), extra.end());
+    return a;
+}
+
+// The server most tests share: 4 slots of 512 tokens.
+ServerProcess& main_server() {
+    static std::unique_ptr<ServerProcess> s;
+    if (!s) s = std::make_unique<ServerProcess>(server_cmd({"-np", "4", "-c", "2048", "--cache-ram", "64"}));
+    return *s;
+}
+
+struct Reply {
+    int status = 0;
+    json body;
+    std::string raw;
+    http::ClientResponse resp;
+};
+
+Reply call(int port, const std::string& method, const std::string& path, const std::string& body = "", const http::Headers& h = {}) {
+    http::Client c("127.0.0.1", port, 60000);
+    Reply r;
+    r.resp = c.request(method, path, body, h);
+    r.status = r.resp.status;
+    r.raw = r.resp.body;
+    r.body = json::parse(r.raw, nullptr, false);
+    return r;
+}
+Reply post(int port, const std::string& path, const json& body, const http::Headers& h = {}) { return call(port, "POST", path, body.dump(), h); }
+Reply get(int port, const std::string& path, const http::Headers& h = {}) { return call(port, "GET", path, "", h); }
+
+// A streamed request: the JSON of each "data:" event, and how many reads delivered events.
+struct Stream {
+    int status = 0;
+    std::vector<json> events;
+    bool done = false;  // saw "data: [DONE]"
+    std::string raw;
+};
+
+Stream post_stream(int port, const std::string& path, const json& body, const std::function<void(const json&)>& on_event = {}) {
+    http::Client c("127.0.0.1", port, 60000);
+    Stream s;
+    std::string buf;
+    auto resp = c.request("POST", path, body.dump(), {}, [&](std::string_view piece) {
+        buf += piece;
+        s.raw += piece;
+        size_t end;
+        while ((end = buf.find("\n\n")) != std::string::npos) {
+            std::string ev = buf.substr(0, end);
+            buf.erase(0, end + 2);
+            if (ev.rfind("data: ", 0) != 0) continue;
+            if (ev == "data: [DONE]") { s.done = true; continue; }
+            s.events.push_back(json::parse(ev.substr(6)));
+            if (on_event) on_event(s.events.back());
+        }
+        return true;
+    });
+    s.status = resp.status;
+    return s;
+}
+
+json completion(int port, const json& body) {
+    Reply r = post(port, "/completion", body);
+    REQUIRE_MESSAGE(r.status == 200, r.raw);
+    return r.body;
+}
+
+const char* kPrompts[4] = {"The capital of France is", "Once upon a time, in a small village,", "The three primary colors are",
+                           "def fibonacci(n):"};
+
+}  // namespace
+
+TEST_CASE("server: health, props, models, slots and metrics") {
+    int port = main_server().port;
+    Reply h = get(port, "/health");
+    CHECK(h.status == 200);
+    CHECK(h.body == json{{"status", "ok"}});
+
+    Reply p = get(port, "/props");
+    REQUIRE(p.status == 200);
+    CHECK(p.body["total_slots"] == 4);
+    CHECK(p.body["default_generation_settings"]["n_ctx"] == 512);
+    CHECK(p.body["chat_template_family"] == "smollm2");
+    CHECK(p.body["chat_template"].get<std::string>().find("<|im_start|>") != std::string::npos);
+    CHECK(p.body["model_path"] == kModel);
+
+    Reply m = get(port, "/v1/models");
+    REQUIRE(m.status == 200);
+    CHECK(m.body["object"] == "list");
+    CHECK(m.body["data"][0]["id"] == kModel);
+    CHECK(m.body["data"][0]["meta"]["n_vocab"] == 49152);
+
+    Reply s = get(port, "/slots");
+    REQUIRE(s.status == 200);
+    REQUIRE(s.body.size() == 4);
+    for (int i = 0; i < 4; i++) {
+        CHECK(s.body[i]["id"] == i);
+        CHECK(s.body[i]["n_ctx"] == 512);
+        CHECK(s.body[i]["is_processing"] == false);
+        CHECK(s.body[i].contains("n_past"));
+    }
+
+    completion(port, {{"prompt", "Hello"}, {"n_predict", 2}});
+    Reply mt = get(port, "/metrics");
+    REQUIRE(mt.status == 200);
+    CHECK(mt.resp.header("content-type").find("text/plain") == 0);
+    for (const char* name : {"prompt_tokens_total", "prompt_seconds_total", "tokens_predicted_total", "tokens_predicted_seconds_total",
+                             "prompt_tokens_seconds", "predicted_tokens_seconds", "n_decode_total", "n_busy_slots_per_decode",
+                             "requests_processing", "requests_deferred", "kv_cache_usage_ratio", "kv_cache_tokens"}) {
+        CHECK_MESSAGE(mt.raw.find(std::string("\nllamacpp:") + name + " ") != std::string::npos, name);
+        CHECK(mt.raw.find(std::string("# TYPE llamacpp:") + name + " ") != std::string::npos);
+    }
+    CHECK(mt.raw.find("llamacpp:tokens_predicted_total 0\n") == std::string::npos);
+
+    // CORS on every response, preflight answered.
+    CHECK(h.resp.header("access-control-allow-origin") == "*");
+    CHECK(call(port, "OPTIONS", "/completion").status == 204);
+}
+
+TEST_CASE("server: /completion fields, stop strings, n_probs, return_tokens") {
+    int port = main_server().port;
+    json r = completion(port, {{"prompt", kPrompts[0]}, {"n_predict", 8}, {"temperature", 0}, {"cache_prompt", false}});
+    CHECK(r["content"].get<std::string>().find("Paris") != std::string::npos);
+    CHECK(r["tokens_predicted"] == 8);
+    CHECK(r["tokens_evaluated"] == 5);
+    CHECK(r["stop_type"] == "limit");
+    CHECK(r["stop"] == true);
+    CHECK(r["model"] == kModel);
+    CHECK(r["id_slot"].get<int>() >= 0);
+    const json& t = r["timings"];
+    CHECK(t["prompt_n"] == 5);
+    CHECK(t["predicted_n"] == 8);
+    for (const char* k : {"prompt_ms", "prompt_per_second", "predicted_ms", "predicted_per_second"}) CHECK(t[k].get<double>() > 0);
+    CHECK(r["generation_settings"]["n_predict"] == 8);
+
+    // A stop string ends generation and is not part of the content.
+    json s = completion(port, {{"prompt", kPrompts[0]}, {"n_predict", 16}, {"temperature", 0}, {"stop", {"Paris"}}});
+    CHECK(s["stop_type"] == "word");
+    CHECK(s["stopping_word"] == "Paris");
+    CHECK(s["content"] == " ");
+
+    // Token ids as the prompt, probabilities and token ids in the answer.
+    Reply tk = post(port, "/tokenize", {{"content", kPrompts[0]}});
+    json ids = tk.body["tokens"];
+    json q = completion(port, {{"prompt", ids}, {"n_predict", 3}, {"temperature", 0}, {"n_probs", 2}, {"return_tokens", true}});
+    CHECK(q["content"] == r["content"].get<std::string>().substr(0, q["content"].get<std::string>().size()));
+    REQUIRE(q["tokens"].size() == 3);
+    REQUIRE(q["completion_probabilities"].size() == 3);
+    const json& p0 = q["completion_probabilities"][0];
+    CHECK(p0["id"] == q["tokens"][0]);
+    CHECK(p0["top_logprobs"].size() == 2);
+    CHECK(p0["top_logprobs"][0]["id"] == p0["id"]);  // greedy: the most likely token
+    CHECK(p0["logprob"].get<double>() <= 0);
+
+    // Seeded sampling is reproducible.
+    json a = completion(port, {{"prompt", kPrompts[1]}, {"n_predict", 8}, {"temperature", 1.0}, {"seed", 42}, {"cache_prompt", false}});
+    json b = completion(port, {{"prompt", kPrompts[1]}, {"n_predict", 8}, {"temperature", 1.0}, {"seed", 42}, {"cache_prompt", false}});
+    CHECK(a["content"] == b["content"]);
+
+    // n_predict 0: the prompt is evaluated (and cached), nothing generated.
+    json z = completion(port, {{"prompt", kPrompts[2]}, {"n_predict", 0}});
+    CHECK(z["content"] == "");
+    CHECK(z["tokens_predicted"] == 0);
+}
+
+TEST_CASE("server: 4 concurrent clients on -np 4 get the greedy answers each gets alone") {
+    int port = main_server().port;
+    auto body = [](int i) { return json{{"prompt", kPrompts[i]}, {"n_predict", 24}, {"temperature", 0}, {"cache_prompt", false}}; };
+    std::string alone[4], together[4];
+    for (int i = 0; i < 4; i++) alone[i] = completion(port, body(i))["content"];
+    std::vector<std::thread> th;
+    std::atomic<int> ok{0};
+    json slots_seen = json::array();
+    for (int i = 0; i < 4; i++) {
+        th.emplace_back([&, i] {
+            Reply r = post(port, "/completion", body(i));
+            if (r.status == 200) { together[i] = r.body["content"]; ok++; }
+        });
+    }
+    for (auto& t : th) t.join();
+    CHECK(ok == 4);
+    for (int i = 0; i < 4; i++) {
+        CHECK_MESSAGE(together[i] == alone[i], "prompt " << i);
+        CHECK(!alone[i].empty());
+    }
+    // The answers are independent: different prompts, different continuations.
+    CHECK(alone[0] != alone[1]);
+    // And the same as the engine's one-shot mode (which prints prompt + continuation).
+    std::string out;
+    testutil::run(std::string("./llm-server -m ") + kModel + " -p '" + kPrompts[0] + "' -n 24 --temp 0 2>/dev/null", &out);
+    CHECK(out == std::string(kPrompts[0]) + alone[0] + "\n");
+}
+
+TEST_CASE("server: SSE streaming, token by token") {
+    int port = main_server().port;
+    json plain = completion(port, {{"prompt", kPrompts[1]}, {"n_predict", 12}, {"temperature", 0}});
+
+    std::vector<double> arrival;
+    Stream s = post_stream(port, "/completion", {{"prompt", kPrompts[1]}, {"n_predict", 12}, {"temperature", 0}, {"stream", true}},
+                           [&](const json&) { arrival.push_back(now_s()); });
+    REQUIRE(s.status == 200);
+    REQUIRE(s.events.size() >= 10);  // one event per token (a few may be held back for UTF-8), then the final one
+    std::string content;
+    for (size_t i = 0; i + 1 < s.events.size(); i++) {
+        CHECK(s.events[i]["stop"] == false);
+        content += s.events[i]["content"].get<std::string>();
+    }
+    const json& last = s.events.back();
+    CHECK(last["stop"] == true);
+    CHECK(last["stop_type"] == "limit");
+    CHECK(last["timings"]["predicted_n"] == 12);
+    content += last["content"].get<std::string>();
+    CHECK(content == plain["content"]);
+    CHECK(arrival.back() - arrival.front() > 0.01);  // events arrived over time, not in one piece
+    CHECK(!s.done);  // no [DONE] outside the OpenAI endpoints, as llama-server
+
+    // OpenAI chat streaming: role first, content deltas, finish_reason with usage, then [DONE].
+    Stream c = post_stream(port, "/v1/chat/completions",
+                           {{"messages", {{{"role", "user"}, {"content", "Name a color."}}}}, {"max_tokens", 6}, {"temperature", 0}, {"stream", true}});
+    REQUIRE(c.status == 200);
+    CHECK(c.done);
+    REQUIRE(c.events.size() >= 3);
+    CHECK(c.events[0]["choices"][0]["delta"]["role"] == "assistant");
+    CHECK(c.events[0]["object"] == "chat.completion.chunk");
+    std::string id = c.events[0]["id"];
+    CHECK(id.rfind("chatcmpl-", 0) == 0);
+    for (const json& e : c.events) CHECK(e["id"] == id);
+    const json& fin = c.events.back();
+    CHECK(fin["choices"][0]["finish_reason"] == "length");
+    CHECK(fin["usage"]["completion_tokens"] == 6);
+    CHECK(c.raw.size() >= 14);
+    CHECK(c.raw.substr(c.raw.size() - 14) == "data: [DONE]\n\n");
+}
+
+TEST_CASE("server: OpenAI-compatible completions and chat") {
+    int port = main_server().port;
+    json msgs = {{{"role", "system"}, {"content", "You are terse."}}, {{"role", "user"}, {"content", "What is the capital of France?"}}};
+    Reply c = post(port, "/v1/chat/completions", {{"model", kModel}, {"messages", msgs}, {"max_tokens", 16}, {"temperature", 0}});
+    REQUIRE_MESSAGE(c.status == 200, c.raw);
+    CHECK(c.body["object"] == "chat.completion");
+    CHECK(c.body["choices"][0]["message"]["role"] == "assistant");
+    std::string answer = c.body["choices"][0]["message"]["content"];
+    CHECK(answer.find("Paris") != std::string::npos);
+    const json& u = c.body["usage"];
+    CHECK(u["total_tokens"] == u["prompt_tokens"].get<int>() + u["completion_tokens"].get<int>());
+    CHECK((c.body["choices"][0]["finish_reason"] == "stop" || c.body["choices"][0]["finish_reason"] == "length"));
+
+    // The rendered prompt is what /apply-template shows, and what the chat endpoint evaluated.
+    Reply t = post(port, "/apply-template", {{"messages", msgs}});
+    REQUIRE(t.status == 200);
+    std::string prompt = t.body["prompt"];
+    CHECK(prompt == "<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\nWhat is the capital of France?<|im_end|>\n"
+                    "<|im_start|>assistant\n");
+    Reply tk = post(port, "/tokenize", {{"content", prompt}});
+    CHECK(u["prompt_tokens"] == tk.body["tokens"].size());
+
+    Reply o = post(port, "/v1/completions", {{"prompt", kPrompts[0]}, {"max_tokens", 4}, {"temperature", 0}});
+    REQUIRE(o.status == 200);
+    CHECK(o.body["object"] == "text_completion");
+    CHECK(o.body["choices"][0]["text"].get<std::string>().find("Paris") != std::string::npos);
+    CHECK(o.body["choices"][0]["finish_reason"] == "length");
+    CHECK(o.body["usage"]["completion_tokens"] == 4);
+    CHECK(o.body["usage"]["prompt_tokens"] == 5);
+
+    Stream os = post_stream(port, "/v1/completions", {{"prompt", kPrompts[0]}, {"max_tokens", 4}, {"temperature", 0}, {"stream", true}});
+    CHECK(os.done);
+    std::string text;
+    for (const json& e : os.events) text += e["choices"][0]["text"].get<std::string>();
+    CHECK(text == o.body["choices"][0]["text"]);
+
+    // Unknown model names are refused; the model's file name is accepted.
+    Reply bad = post(port, "/v1/chat/completions", {{"model", "gpt-17"}, {"messages", msgs}});
+    CHECK(bad.status == 404);
+    CHECK(bad.body["error"]["type"] == "not_found_error");
+    CHECK(post(port, "/v1/completions", {{"model", "SmolLM2-135M-Instruct-Q4_1"}, {"prompt", "Hi"}, {"max_tokens", 1}}).status == 200);
+}
+
+TEST_CASE("server: tokenize and detokenize") {
+    int port = main_server().port;
+    Reply t = post(port, "/tokenize", {{"content", "Hello world"}, {"with_pieces", true}});
+    REQUIRE(t.status == 200);
+    REQUIRE(t.body["tokens"].size() == 2);
+    CHECK(t.body["tokens"][0]["piece"] == "Hello");
+    CHECK(t.body["tokens"][1]["piece"] == " world");
+    json ids = json::array({t.body["tokens"][0]["id"], t.body["tokens"][1]["id"]});
+    Reply d = post(port, "/detokenize", {{"tokens", ids}});
+    CHECK(d.body["content"] == "Hello world");
+    Reply sp = post(port, "/tokenize", {{"content", "<|im_start|>"}});
+    CHECK(sp.body["tokens"].size() == 1);
+    CHECK(post(port, "/detokenize", {{"tokens", {1, 999999}}}).status == 400);
+    CHECK(post(port, "/detokenize", {{"tokens", "abc"}}).status == 400);
+}
+
+TEST_CASE("server: the prompt cache skips the prefill of the first turn") {
+    int port = main_server().port;
+    std::string history = "<|im_start|>system\nYou are a helpful assistant who answers in detail.<|im_end|>\n"
+                          "<|im_start|>user\nTell me about the history of Paris, the capital of France, in a few sentences.<|im_end|>\n"
+                          "<|im_start|>assistant\n";
+    json a = completion(port, {{"prompt", history}, {"n_predict", 8}, {"temperature", 0}});
+    int n1 = a["tokens_evaluated"];
+    CHECK(a["timings"]["prompt_n"].get<int>() <= n1);
+    // A second conversation in between lands on another slot (the LRU one), not on this one.
+    completion(port, {{"prompt", "Something else entirely"}, {"n_predict", 2}});
+    std::string turn2 = history + a["content"].get<std::string>() + "<|im_end|>\n<|im_start|>user\nAnd Rome?<|im_end|>\n<|im_start|>assistant\n";
+    json b = completion(port, {{"prompt", turn2}, {"n_predict", 4}, {"temperature", 0}});
+    CHECK(b["id_slot"] == a["id_slot"]);
+    int n2 = b["tokens_evaluated"], reused = b["timings"]["cache_n"], evaluated = b["timings"]["prompt_n"];
+    CHECK(reused >= n1);                 // the whole first turn came from the cache
+    CHECK(evaluated == n2 - reused);     // only the new tokens were evaluated
+    CHECK(evaluated < 20);
+    CHECK(b["tokens_cached"].get<int>() >= n2);
+
+    // cache_prompt false evaluates everything again.
+    json c = completion(port, {{"prompt", turn2}, {"n_predict", 1}, {"cache_prompt", false}});
+    CHECK(c["timings"]["prompt_n"] == n2);
+    CHECK(c["timings"]["cache_n"] == 0);
+}
+
+TEST_CASE("server: malformed requests get 4xx and never kill the server") {
+    int port = main_server().port;
+    auto raw = [&](const std::string& bytes, bool half_close = false) {
+        http::Client c("127.0.0.1", port, 10000);
+        c.send_raw(bytes);
+        if (half_close) c.shutdown_write();
+        try {
+            return c.read_response().status;
+        } catch (const std::exception&) {
+            return 0;  // the server may also just close
+        }
+    };
+    auto post_body = [&](const std::string& body) { return call(port, "POST", "/completion", body); };
+    std::string big_prompt(1, '[');
+    // Transport level.
+    CHECK(raw("POST /completion HTTP/1.1\r\nContent-Length: 100\r\n\r\n{\"prompt\":", true) == 400);  // truncated body
+    CHECK(raw("POST /completion HTTP/1.1\r\nContent-Le", true) == 400);                                // truncated headers
+    CHECK(raw("POST /completion HTTP/1.1\r\nContent-Length: 999999999999\r\n\r\n") == 413);            // oversized
+    CHECK(raw("GET /" + std::string(20000, 'a') + " HTTP/1.1\r\n\r\n") == 414);
+    CHECK(raw("GET / HTTP/1.1\r\nX: " + std::string(40000, 'b') + "\r\n\r\n") == 431);
+    std::string garbage;
+    for (int i = 0; i < 512; i++) garbage += char((i * 7919 + 13) % 256);
+    int g = raw(garbage);
+    CHECK((g >= 400 && g < 500));
+    CHECK(raw("\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03 TLS hello\r\n\r\n") == 400);
+    // JSON level.
+    std::vector<std::string> bad = {
+        "",                                          // empty
+        "{",                                         // truncated
+        "{\"prompt\": \"abc",                        // truncated string
+        "[1,2,3]",                                   // not an object
+        "{\"prompt\": \"\xff\xfe invalid utf-8\"}",  // invalid UTF-8
+        std::string(100000, '['),                    // deeply nested
+        std::string(100000, '{'),
+        "{\"prompt\":" + std::string(5000, '[') + std::string(5000, ']') + "}",
+        "{\"prompt\": 12}",                          // wrong types
+        "{\"prompt\": \"x\", \"n_predict\": \"ten\"}",
+        "{\"prompt\": \"x\", \"temperature\": [1]}",
+        "{\"prompt\": \"x\", \"stream\": 1}",
+        "{\"prompt\": \"x\", \"stop\": {\"a\": 1}}",
+        "{\"prompt\": \"x\", \"n_predict\": 1e300}",
+        "{\"prompt\": \"x\", \"id_slot\": 99}",
+        "{\"prompt\": [1, -5]}",                     // token ids out of range
+        "{\"prompt\": [1, 4294967296]}",
+        "{\"prompt\": [1, 2.5]}",
+        "{\"prompt\": \"\"}",                        // empty prompt
+        "{\"n_predict\": 4}",                        // no prompt
+        "\x00\x01\x02\x03",
+    };
+    for (const std::string& b : bad) {
+        Reply r = post_body(b);
+        CHECK_MESSAGE((r.status >= 400 && r.status < 500), "body " << b.substr(0, 40) << " -> " << r.status);
+        CHECK_MESSAGE(r.body.is_object(), r.raw.substr(0, 200));
+        CHECK(r.body["error"]["message"].is_string());
+    }
+    Reply chat = call(port, "POST", "/v1/chat/completions", "{\"messages\": [{\"role\": 1, \"content\": \"x\"}]}");
+    CHECK(chat.status == 400);
+    CHECK(call(port, "POST", "/v1/chat/completions", "{\"messages\": []}").status == 400);
+    CHECK(call(port, "POST", "/v1/chat/completions", "{\"messages\": \"hi\"}").status == 400);
+    CHECK(call(port, "GET", "/nope").status == 404);
+    CHECK(call(port, "GET", "/completion").status == 405);
+    // Still serving.
+    CHECK(get(port, "/health").status == 200);
+    CHECK(completion(port, {{"prompt", "Hi"}, {"n_predict", 2}})["tokens_predicted"] == 2);
+}
+
+TEST_CASE("server: requests that cannot fit fail fast; a full slot stops with 'limit'") {
+    int port = main_server().port;
+    std::vector<int> ids(600, 504);  // longer than a slot (512)
+    double t0 = now_s();
+    Reply r = post(port, "/completion", {{"prompt", ids}, {"n_predict", 4}});
+    CHECK(r.status == 400);
+    CHECK(r.body["error"]["type"] == "exceed_context_size_error");
+    CHECK(r.body["error"]["message"].get<std::string>().find("600 tokens") != std::string::npos);
+    CHECK(now_s() - t0 < 1.0);
+    ids.resize(500);
+    Reply r2 = post(port, "/completion", {{"prompt", ids}, {"n_predict", 100}});
+    CHECK(r2.status == 400);
+    CHECK(r2.body["error"]["message"].get<std::string>().find("n_predict") != std::string::npos);
+
+    // Unbounded generation near the end of the slot: stops at the slot's end, says so.
+    json f = completion(port, {{"prompt", ids}, {"ignore_eos", true}, {"temperature", 0}});
+    CHECK(f["stop_type"] == "limit");
+    CHECK(f["tokens_predicted"] == 512 - 500 + 1);  // cells for 12 more tokens, and the last sampled one
+    CHECK(f["tokens_cached"] == 512);
+}
+
+namespace {
+// A second server: one slot, an API key, a queue of one, a template from a file, a small RAM cache.
+ServerProcess& small_server() {
+    static std::unique_ptr<ServerProcess> s;
+    if (!s) {
+        s = std::make_unique<ServerProcess>(server_cmd({"-np", "1", "-c", "256", "--api-key", "sekret", "--max-queue", "1",
+                                                        "--chat-template-file",
+                                                        testutil::shared_dir() + "/chat/templates/Qwen-Qwen2.5-7B-Instruct.jinja",
+                                                        "--cache-ram", "16"}));
+    }
+    return *s;
+}
+const http::Headers kAuth = {{"Authorization", "Bearer sekret"}};
+}  // namespace
+
+TEST_CASE("server: API key; /health stays open") {
+    int port = small_server().port;
+    CHECK(get(port, "/health").status == 200);
+    Reply r = get(port, "/props");
+    CHECK(r.status == 401);
+    CHECK(r.body["error"]["type"] == "authentication_error");
+    CHECK(get(port, "/props", {{"Authorization", "Bearer wrong"}}).status == 401);
+    CHECK(get(port, "/props", kAuth).status == 200);
+    CHECK(get(port, "/props", {{"X-Api-Key", "sekret"}}).status == 200);
+}
+
+TEST_CASE("server: /apply-template renders the shared Qwen 2.5 cases byte for byte") {
+    int port = small_server().port;
+    json cases = json::parse(testutil::read_file(testutil::shared_dir() + "/chat/cases.json"));
+    std::map<std::string, json> convs;
+    for (const json& c : cases["conversations"]) convs[c["name"]] = c["messages"];
+    int n = 0;
+    for (const json& c : cases["cases"]) {
+        if (c["template"] != "Qwen-Qwen2.5-7B-Instruct.jinja") continue;
+        Reply r = post(port, "/apply-template", {{"messages", convs[c["conversation"]]}, {"add_generation_prompt", c["add_generation_prompt"]}}, kAuth);
+        REQUIRE(r.status == 200);
+        CHECK_MESSAGE(r.body["prompt"] == c["expected"], c["conversation"]);
+        n++;
+    }
+    CHECK(n > 0);
+    CHECK(get(port, "/props", kAuth).body["chat_template_family"] == "qwen2.5");
+}
+
+TEST_CASE("server: a full queue answers 503 at once; waiting requests show in /metrics") {
+    int port = small_server().port;
+    std::atomic<bool> first_token{false};
+    std::thread a([&] {  // occupies the only slot
+        http::Client c("127.0.0.1", port, 60000);
+        c.request("POST", "/completion", json{{"prompt", "Count: 1, 2, 3,"}, {"n_predict", 48}, {"ignore_eos", true}, {"stream", true}}.dump(),
+                  kAuth, [&](std::string_view) { first_token = true; return true; });
+    });
+    while (!first_token) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    std::atomic<int> b_status{0};
+    std::thread b([&] { b_status = post(port, "/completion", {{"prompt", "Hello"}, {"n_predict", 2}}, kAuth).status; });
+    std::string metrics;
+    for (double t0 = now_s(); now_s() - t0 < 10; std::this_thread::sleep_for(std::chrono::milliseconds(10))) {
+        metrics = get(port, "/metrics", kAuth).raw;
+        if (metrics.find("llamacpp:requests_deferred 1\n") != std::string::npos) break;
+    }
+    CHECK(metrics.find("llamacpp:requests_deferred 1\n") != std::string::npos);
+    CHECK(metrics.find("llamacpp:requests_processing 1\n") != std::string::npos);
+    Reply slots = get(port, "/slots", kAuth);
+    CHECK(slots.body[0]["is_processing"] == true);
+    double t0 = now_s();
+    Reply c = post(port, "/completion", {{"prompt", "Hi"}, {"n_predict", 2}}, kAuth);
+    CHECK(c.status == 503);
+    CHECK(c.body["error"]["type"] == "unavailable_error");
+    CHECK(now_s() - t0 < 1.0);
+    a.join();
+    b.join();
+    CHECK(b_status == 200);
+}
+
+TEST_CASE("server: --cache-ram restores an evicted slot state on a prefix hit") {
+    ServerProcess& s = small_server();
+    int port = s.port;
+    std::string p1 = "<|im_start|>user\nPlease write a short story about a lighthouse keeper and a seagull who become friends.<|im_end|>\n";
+    std::string p2 = "<|im_start|>user\nList some facts about the planet Jupiter, its moons and its great red spot.<|im_end|>\n";
+    Reply a = post(port, "/completion", {{"prompt", p1}, {"n_predict", 2}}, kAuth);
+    REQUIRE(a.status == 200);
+    Reply b = post(port, "/completion", {{"prompt", p2}, {"n_predict", 2}}, kAuth);  // the only slot now holds p2
+    REQUIRE(b.status == 200);
+    Reply c = post(port, "/completion", {{"prompt", p1 + "More please."}, {"n_predict", 2}}, kAuth);
+    REQUIRE(c.status == 200);
+    int n1 = a.body["tokens_evaluated"];
+    CHECK(c.body["timings"]["cache_n"].get<int>() >= n1);
+    CHECK(c.body["timings"]["prompt_n"].get<int>() < 10);
+    CHECK(s.log().find("from the RAM cache") != std::string::npos);
+}
+
+TEST_CASE("server: --context-shift keeps generating past the end of the slot") {
+    ServerProcess s(server_cmd({"-np", "1", "-c", "64", "--context-shift", "--keep", "4", "--no-warmup"}));
+    json r = completion(s.port, {{"prompt", kPrompts[1]}, {"n_predict", 100}, {"ignore_eos", true}, {"temperature", 0}});
+    CHECK(r["tokens_predicted"] == 100);
+    CHECK(r["stop_type"] == "limit");
+    CHECK(r["tokens_cached"].get<int>() <= 64);
+    CHECK(s.log().find("context shift") != std::string::npos);
+}
+
+TEST_CASE("server: SIGTERM stops accepting, lets the in-flight request finish, exits 0") {
+    ServerProcess s(server_cmd({"-np", "2", "-c", "512", "--shutdown-grace", "20"}));
+    std::atomic<bool> started{false};
+    Stream st;
+    std::thread t([&] {
+        st = post_stream(s.port, "/v1/completions", {{"prompt", kPrompts[1]}, {"max_tokens", 40}, {"ignore_eos", true}, {"stream", true}},
+                         [&](const json&) { started = true; });
+    });
+    while (!started) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    kill(s.pid, SIGTERM);
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    bool refused = false;
+    try {
+        http::Client c("127.0.0.1", s.port, 2000);
+        c.request("GET", "/health");
+    } catch (const std::exception&) {
+        refused = true;
+    }
+    CHECK(refused);
+    t.join();
+    CHECK(st.done);  // the stream ran to its end: [DONE]
+    REQUIRE(!st.events.empty());
+    CHECK(st.events.back()["usage"]["completion_tokens"] == 40);
+    int rc = s.stop(0, 30);  // signal 0: just wait for the exit
+    CHECK(rc == 0);
+    CHECK(s.log().find("stopped") != std::string::npos);
+}
+
+TEST_CASE("server: the static binary serves from an empty root with no shared libraries") {
+    // No program interpreter: the kernel runs it directly.
+    std::string bin = testutil::read_file("./llm-server");
+    REQUIRE(bin.size() > 64);
+    CHECK(bin.find("/lib64/ld-linux") == std::string::npos);
+    CHECK(bin.find("ld-linux-x86-64.so") == std::string::npos);
+    if (geteuid() != 0) {
+        MESSAGE("not root: chroot part skipped");
+        return;
+    }
+    char tmpl[] = "/tmp/llm-chroot-XXXXXX";
+    REQUIRE(mkdtemp(tmpl));
+    std::string root = tmpl;
+    REQUIRE(testutil::run("cp ./llm-server " + root + "/llm-server && cp " + std::string(kModel) + " " + root + "/model.gguf") == 0);
+    std::string listing;
+    testutil::run("find " + root + " | sort", &listing);
+    CHECK(listing == root + "\n" + root + "/llm-server\n" + root + "/model.gguf\n");  // nothing else: no /lib, no /etc
+    {
+        ServerProcess s({"chroot", root, "/llm-server", "-m", "/model.gguf", "--host", "127.0.0.1", "--port", "0", "-c", "256"});
+        json r = completion(s.port, {{"prompt", kPrompts[0]}, {"n_predict", 6}, {"temperature", 0}});
+        CHECK(r["content"].get<std::string>().find("Paris") != std::string::npos);
+        CHECK(s.stop(SIGTERM) == 0);
+    }
+    testutil::run("rm -rf " + root);
+}
