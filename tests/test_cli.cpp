@@ -1,0 +1,92 @@
+// The llm-server command-line modes, run as users run them.
+#include <doctest/doctest.h>
+
+#include <cstring>
+#include <unistd.h>
+
+#include "../llm.hpp"
+#include "util.hpp"
+
+namespace {
+
+std::string golden(const std::string& name) { return testutil::shared_dir() + "/golden/models/" + name; }
+
+int run(const std::string& args, std::string* out) { return testutil::run("./llm-server " + args + " 2>&1", out); }
+
+}  // namespace
+
+TEST_CASE("cli: --tokenize on a vocabulary-only file, text from -f taken byte for byte") {
+    const std::string vocab = testutil::shared_dir() + "/vocab/ggml-vocab-gpt-2.gguf";
+    const std::string path = "/tmp/llm-cli-tok-" + std::to_string(getpid()) + ".txt";
+    testutil::write_file(path, "ied 4 \xc2\xbd months\n");  // the first test text of the gpt-2 vectors, plus a newline
+    std::string out;
+    REQUIRE(testutil::run("./llm-server -m " + vocab + " --tokenize -p 'ied 4 \xc2\xbd months'", &out) == 0);
+    CHECK(out == "798 604 25208 1933\n");
+    REQUIRE(testutil::run("./llm-server -m " + vocab + " --tokenize -f " + path, &out) == 0);
+    CHECK(out == "798 604 25208 1933 198\n");  // the trailing newline is a token of its own
+    unlink(path.c_str());
+    // Special tokens: plain text unless --parse-special; BOS/EOS only with --add-special.
+    const std::string spm = testutil::shared_dir() + "/vocab/ggml-vocab-llama-spm.gguf";
+    std::string plain, parsed, special;
+    REQUIRE(testutil::run("./llm-server -m " + spm + " --tokenize -p '</s>'", &plain) == 0);
+    REQUIRE(testutil::run("./llm-server -m " + spm + " --tokenize --parse-special -p '</s>'", &parsed) == 0);
+    REQUIRE(testutil::run("./llm-server -m " + spm + " --tokenize --add-special -p 'Hi'", &special) == 0);
+    CHECK(parsed == "2\n");
+    CHECK(plain != parsed);
+    CHECK(special.rfind("1 ", 0) == 0);  // BOS first
+}
+
+TEST_CASE("cli: --dump-logits writes n_tokens x n_vocab float32 equal to the library's") {
+    const std::string path = "/tmp/llm-cli-logits-" + std::to_string(getpid()) + ".f32";
+    std::string out;
+    REQUIRE(run("-m " + golden("tiny-qwen2-Q8_0.gguf") + " --prompt-ids 5,6,7,8 --dump-logits " + path + " -t 1", &out) == 0);
+    std::string raw = testutil::read_file(path);
+    unlink(path.c_str());
+    REQUIRE(raw.size() == 4 * 1024 * sizeof(float));
+    auto m = llm::Model::load(golden("tiny-qwen2-Q8_0.gguf"));
+    llm::ContextParams cp;
+    cp.n_ctx = 256;
+    llm::Context ctx(*m, cp);
+    llm::Batch b;
+    for (int i = 0; i < 4; i++) b.add(5 + i, i, 0, true);
+    ctx.decode(b);
+    float last[1024];
+    memcpy(last, raw.data() + 3 * 1024 * sizeof(float), sizeof last);
+    double d = 0;
+    for (int j = 0; j < 1024; j++) d = std::max(d, (double)std::fabs(last[j] - ctx.logits(3)[j]));
+    CHECK(d < 1e-4);
+}
+
+TEST_CASE("cli: one-shot completion, bench and load reports") {
+    std::string out;
+    REQUIRE(run("-m " + golden("tiny-llama-Q4_K_M.gguf") + " --prompt-ids 1,2,3 -n 8 --temp 0 -c 64", &out) == 0);
+    CHECK(out.find("weights:") == std::string::npos);  // the load line carries the size instead
+    CHECK(out.find("MiB") != std::string::npos);
+    CHECK(out.find("KiB per token") != std::string::npos);
+    CHECK(out.find("prompt eval time") != std::string::npos);
+    CHECK(out.find("tokens per second") != std::string::npos);
+    REQUIRE(run("-m " + golden("tiny-llama-Q4_K_M.gguf") + " --bench -p 16 -n 4 -r 2", &out) == 0);
+    CHECK(out.find("pp16") != std::string::npos);
+    CHECK(out.find("tg4") != std::string::npos);
+}
+
+TEST_CASE("cli: bad input is a clear error and a non-zero exit, never a crash") {
+    std::string out;
+    CHECK(run("-m /etc/os-release -p hi", &out) == 1);
+    CHECK(out.find("not a GGUF file") != std::string::npos);
+    CHECK(run("-m /nonexistent.gguf -p hi", &out) == 1);
+    CHECK(out.find("cannot open") != std::string::npos);
+    CHECK(run("-m " + golden("tiny-llama-F16.gguf") + " --prompt-ids 1,2,3,4,5,6,7,8,9 -c 8", &out) == 1);
+    CHECK(out.find("context") != std::string::npos);
+    CHECK(run("-m " + golden("tiny-llama-F16.gguf") + " --prompt-ids 1,99999", &out) == 1);
+    CHECK(out.find("outside the vocabulary") != std::string::npos);
+    CHECK(run("-m " + golden("tiny-llama-F16.gguf") + " -p hi -ctk q9_9", &out) == 1);
+    CHECK(out.find("unknown type") != std::string::npos);
+    CHECK(run("--no-such-flag", &out) == 1);
+    // A truncated model file.
+    const std::string cut = "/tmp/llm-cli-cut-" + std::to_string(getpid()) + ".gguf";
+    testutil::write_file(cut, testutil::read_file(golden("tiny-llama-F16.gguf")).substr(0, 100000));
+    CHECK(run("-m " + cut + " -p hi", &out) == 1);
+    CHECK(out.find("truncated") != std::string::npos);
+    unlink(cut.c_str());
+}
