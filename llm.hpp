@@ -23,6 +23,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <functional>
 #include <map>
 #include <random>
@@ -224,6 +225,7 @@ struct ContextParams {
     int n_threads = 0;       // 0 = physical cores
     Type type_k = Type::F16, type_v = Type::F16;
     bool kv_unified = false;  // one pool for all sequences instead of n_ctx / n_seq each
+    bool moe_grouped = true;  // MoE prefill runs each expert once over all its tokens (false: token by token)
 };
 
 // A batch of tokens to evaluate. Tokens of one sequence must come in increasing positions, and a
@@ -913,7 +915,7 @@ public:
         }
         fn_ = &fn;
         n_items_ = n;
-        chunk_ = std::max<int64_t>(grain, std::min<int64_t>(n / n_, (n + 4 * n_ - 1) / (4 * n_)));
+        chunk_ = std::max<int64_t>(grain, std::min<int64_t>(n / n_, (n + 8 * n_ - 1) / (8 * n_)));
         next_.store(0);
         done_.store(0);
         {
@@ -1421,7 +1423,6 @@ struct Context::Impl {
     std::vector<std::vector<uint8_t>> act;     // activations converted for matmuls
     std::vector<std::vector<float>> thread_scratch;
     std::vector<std::vector<uint8_t>> thread_bytes;
-    std::vector<float> vf;                     // one sequence's V rows dequantized for attention
 
     Impl(const Model& m, const ContextParams& p) : model(m), params(p), pool(p.n_threads), thread_scratch(p.n_threads), thread_bytes(p.n_threads) {}
 
@@ -1461,14 +1462,17 @@ struct Context::Impl {
                 quantize_row(c.t, c.x + i * c.k, act[conv_rows[r].first].data() + i * c.row, c.k);
             }
         });
-        // Split all weight rows into tasks of similar size.
+        // Split all weight rows into tasks of similar cost (rows x columns), about 16 per thread, so
+        // jobs of different sizes (experts with few or many tokens) still balance across threads.
         struct Task { int job; int64_t r0, r1; };
         std::vector<Task> tasks;
-        int64_t total_rows = 0;
-        for (const MatMul& m : jobs) total_rows += m.w->ne[1];
-        const int64_t chunk = std::max<int64_t>(16, total_rows / (pool.size() * 8));
+        double total_cost = 0;
+        for (const MatMul& m : jobs) total_cost += (double)m.w->ne[1] * m.n;
+        const double task_cost = total_cost / (pool.size() * 16);
         for (size_t j = 0; j < jobs.size(); j++) {
-            for (int64_t r = 0; r < jobs[j].w->ne[1]; r += chunk) tasks.push_back({(int)j, r, std::min(jobs[j].w->ne[1], r + chunk)});
+            const int64_t rows = jobs[j].w->ne[1];
+            const int64_t chunk = (std::max<int64_t>(16, (int64_t)(task_cost / std::max(1, jobs[j].n))) + 15) / 16 * 16;
+            for (int64_t r = 0; r < rows; r += chunk) tasks.push_back({(int)j, r, std::min(rows, r + chunk)});
         }
         pool.parallel_for((int64_t)tasks.size(), 1, [&](int64_t b, int64_t e, int) {
             for (int64_t t = b; t < e; t++) {
@@ -1597,58 +1601,73 @@ struct Context::Impl {
         std::vector<int> seqs(batch.seq.begin(), batch.seq.begin() + n);
         std::sort(seqs.begin(), seqs.end());
         seqs.erase(std::unique(seqs.begin(), seqs.end()), seqs.end());
-        const int64_t dv = kv.dim_v ? kv.dim_v : hd_v;
         for (int s : seqs) {
             std::vector<int> idx;
-            int n_kv = 0, lo_all = INT32_MAX;
+            int n_kv = 0;
             for (int i = 0; i < n; i++) {
                 if (batch.seq[i] != s) continue;
                 idx.push_back(i);
                 n_kv = std::max(n_kv, batch.pos[i] + 1);
-                lo_all = std::min(lo_all, swa ? std::max(0, batch.pos[i] - hp.n_swa + 1) : 0);
             }
             // Scores are dot products straight on the cache rows, with the query converted to the
-            // cache type's dot-product type as the reference does. V rows (in a latent cache: the
-            // K rows) are dequantized once per layer for the weighted sum.
+            // cache type's dot-product type as the reference does; the heads that share a KV head
+            // go through one matmul_rows call, so each K row is read once for all of them. V rows
+            // (in a latent cache: the tail of the K rows) are summed straight from the cache.
             const bool v_from_k = kv.dim_v == 0;
+            const Type vt = v_from_k ? kv.type_k : kv.type_v;
+            const size_t v_stride = v_from_k ? kv.row_k : kv.row_v, v_head = row_bytes(vt, hd_v);
             const size_t v_in_k = v_from_k ? row_bytes(kv.type_k, hp.n_rot) : 0;  // latent rows: [rope | latent]
+            auto v_row = [&](int c) { return v_from_k ? kv.k_row(il, s, c) + v_in_k : kv.v_row(il, s, c); };
+            // Positions [lo, hi) as runs of cells that are adjacent in the cache (pages may not be).
+            auto for_runs = [&](int lo, int hi, auto&& fn) {
+                for (int c0 = lo; c0 < hi;) {
+                    int c1 = std::min(hi, (c0 / KVCache::kBlock + 1) * KVCache::kBlock);
+                    while (c1 < hi && kv.cell(s, c1) == kv.cell(s, c1 - 1) + 1) c1 = std::min(hi, c1 + KVCache::kBlock);
+                    fn(c0, c1);
+                    c0 = c1;
+                }
+            };
             // With an f16 V the reference multiplies V by the probabilities rounded to f16; doing the
             // same keeps the next layer's 8-bit activation rounding in step with it.
-            const bool round_p = (v_from_k ? kv.type_k : kv.type_v) == Type::F16;
+            const bool round_p = vt == Type::F16;
             const Type qt = vec_dot_type(kv.type_k);
             const size_t q_row = row_bytes(qt, hd_k), k_head = row_bytes(kv.type_k, hd_k);
-            vf.resize((size_t)n_kv * dv);
-            pool.parallel_for(n_kv - lo_all, 16, [&](int64_t b, int64_t e, int) {
-                for (int64_t c = lo_all + b; c < lo_all + e; c++) {
-                    if (v_from_k) dequantize_row(kv.type_k, kv.k_row(il, s, (int)c) + v_in_k, vf.data() + c * dv, dv);
-                    else dequantize_row(kv.type_v, kv.v_row(il, s, (int)c), vf.data() + c * dv, dv);
-                }
-            });
-            const int64_t n_work = (int64_t)idx.size() * hp.n_head;
+            // Work items: (token, KV head, slice of its query heads); slices only split a group when
+            // there would otherwise be fewer items than threads (decode).
+            int slices = 1;
+            while ((int64_t)idx.size() * hp.n_head_kv * slices < pool.size() && slices < group) slices++;
+            const int per_slice = (group + slices - 1) / slices;
+            const int64_t n_work = (int64_t)idx.size() * hp.n_head_kv * slices;
             pool.parallel_for(n_work, 1, [&](int64_t b, int64_t e, int thread) {
                 std::vector<float>& sc = thread_scratch[thread];
-                if ((int)sc.size() < n_kv) sc.resize(n_kv);
+                if (sc.size() < (size_t)per_slice * n_kv + hd_v) sc.resize((size_t)per_slice * n_kv + hd_v);
+                float* deq = sc.data() + (size_t)per_slice * n_kv;
                 std::vector<uint8_t>& qc = thread_bytes[thread];
-                qc.resize(q_row);
-                for (int64_t w = b; w < e; w++) {
-                    const int i = idx[w / hp.n_head], h = (int)(w % hp.n_head), hk = h / group;
+                qc.resize(q_row * per_slice);
+                for (int64_t w_ = b; w_ < e; w_++) {
+                    // Late tokens see the most positions: hand them out first so the threads finish together.
+                    const int64_t w = n_work - 1 - w_;
+                    const int i = idx[w / (hp.n_head_kv * slices)];
+                    const int hk = (int)(w / slices % hp.n_head_kv);
+                    const int h0 = hk * group + (int)(w % slices) * per_slice;
+                    const int nh = std::min(per_slice, (hk + 1) * group - h0);
+                    if (nh <= 0) continue;
                     const int p = batch.pos[i];
                     const int lo = swa ? std::max(0, p - hp.n_swa + 1) : 0;
-                    quantize_row(qt, q.data() + ((int64_t)i * hp.n_head + h) * hd_k, qc.data(), hd_k);
-                    float mx = -INFINITY;
-                    for (int c = lo; c <= p; c++) {
-                        sc[c] = vec_dot(kv.type_k, hd_k, kv.k_row(il, s, c) + hk * k_head, qc.data()) * hp.attn_scale;
-                        mx = std::max(mx, sc[c]);
-                    }
-                    double sum = 0;
-                    for (int c = lo; c <= p; c++) sum += (sc[c] = std::exp(sc[c] - mx));
-                    const float inv = (float)(1.0 / sum);
-                    float* o = attn.data() + ((int64_t)i * hp.n_head + h) * hd_v;
-                    std::fill(o, o + hd_v, 0.0f);
-                    for (int c = lo; c <= p; c++) {
-                        const float pw = round_p ? fp16_to_fp32(fp32_to_fp16(sc[c] * inv)) : sc[c] * inv;
-                        const float* vr = vf.data() + c * dv + hk * hd_v;
-                        for (int d = 0; d < hd_v; d++) o[d] += pw * vr[d];
+                    const float* qrow = q.data() + ((int64_t)i * hp.n_head + h0) * hd_k;
+                    for (int j = 0; j < nh; j++) quantize_row(qt, qrow + j * hd_k, qc.data() + j * q_row, hd_k);
+                    // sc[j * n_kv + c] = K row c . query j
+                    for_runs(lo, p + 1, [&](int c0, int c1) {
+                        matmul_rows(kv.type_k, kv.k_row(il, s, c0) + hk * k_head, kv.row_k, hd_k, 0, c1 - c0, qc.data(), q_row, nh,
+                                    sc.data() + c0, n_kv);
+                    });
+                    for (int j = 0; j < nh; j++) {
+                        float* sj = sc.data() + (size_t)j * n_kv;
+                        softmax_scaled(sj + lo, p + 1 - lo, hp.attn_scale, round_p);
+                        float* o = attn.data() + ((int64_t)i * hp.n_head + h0 + j) * hd_v;
+                        for_runs(lo, p + 1, [&](int c0, int c1) {
+                            weighted_row_sum(vt, v_row(c0) + hk * v_head, v_stride, sj + c0, c1 - c0, hd_v, o, deq, c0 > lo);
+                        });
                     }
                 }
             });
@@ -1755,9 +1774,11 @@ struct Context::Impl {
     }
     static float silu(float x) { return x / (1.0f + std::exp(-x)); }
 
-    void gated_activation(float* gate, const float* up, int64_t count) const {
+    void gated_activation(float* gate, const float* up, int64_t count) {
         const bool use_gelu = model.hp.arch == Arch::Gemma3;
-        for (int64_t j = 0; j < count; j++) gate[j] = (use_gelu ? gelu(gate[j]) : silu(gate[j])) * up[j];
+        pool.parallel_for(count, 16384, [&](int64_t b, int64_t e, int) {
+            for (int64_t j = b; j < e; j++) gate[j] = (use_gelu ? gelu(gate[j]) : silu(gate[j])) * up[j];
+        });
     }
 
     // Dense gated FFN: out = down(act(gate(x)) * up(x)).
@@ -1773,6 +1794,21 @@ struct Context::Impl {
     // Mixture of experts, grouped by expert: every token is routed first, then each chosen expert runs
     // once over all the tokens that chose it, so its weights are read once per batch.
     void ffn_moe(const LayerWeights& L, const float* xin, int n, float* out) {
+        const int64_t E = model.hp.n_embd;
+        if (params.moe_grouped || n == 1) {
+            moe_routed(L, xin, n, out);
+        } else {
+            // Token by token (the baseline that --moe-per-token measures): each token's experts run
+            // on their own, so every expert is read once per token that chose it.
+            for (int i = 0; i < n; i++) moe_routed(L, xin + i * E, 1, out + i * E);
+        }
+        if (L.gate_shexp) {
+            std::vector<float> shared((size_t)n * E);
+            ffn_dense(L.gate_shexp, L.up_shexp, L.down_shexp, xin, n, shared.data());
+            for (int64_t j = 0; j < n * E; j++) out[j] += shared[j];
+        }
+    }
+    void moe_routed(const LayerWeights& L, const float* xin, int n, float* out) {
         const HParams& hp = model.hp;
         const int X = hp.n_expert, K = hp.n_expert_used;
         const int64_t E = hp.n_embd, FE = hp.n_ff_exp;
@@ -1819,11 +1855,6 @@ struct Context::Impl {
                 float* dst = out + users[e][u].first * E;
                 for (int64_t j = 0; j < E; j++) dst[j] += w * src[j];
             }
-        }
-        if (L.gate_shexp) {
-            std::vector<float> shared((size_t)n * E);
-            ffn_dense(L.gate_shexp, L.up_shexp, L.down_shexp, xin, n, shared.data());
-            for (int64_t j = 0; j < n * E; j++) out[j] += shared[j];
         }
     }
 

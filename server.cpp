@@ -42,13 +42,13 @@ struct ServerOptions {
 };
 
 struct Options {
-    std::string model, prompt, prompt_file, dump_logits;
+    std::string model, prompt, prompt_file, dump_logits, perplexity_file, kl_base;
     std::vector<int32_t> prompt_ids;
     bool has_prompt = false, has_prompt_ids = false;
-    int n_predict = -1, n_ctx = 0, n_threads = 0, n_batch = 512, bench_reps = 5, n_parallel = 1;
+    int n_predict = -1, n_ctx = 0, n_threads = 0, n_batch = 512, bench_reps = 5, n_parallel = 1, n_chunks = -1;
     llm::Type type_k = llm::Type::F16, type_v = llm::Type::F16;
     bool tokenize = false, add_special = false, parse_special = false, bench = false, plan = false;
-    bool use_mmap = true, mlock = false, verbose_prompt = false;
+    bool use_mmap = true, mlock = false, verbose_prompt = false, moe_per_token = false;
     llm::SamplerParams sampling;
     ServerOptions srv;
 };
@@ -71,6 +71,9 @@ void print_usage() {
         "  --add-special            with --tokenize: add BOS/EOS as the model's metadata says\n"
         "  --parse-special          with --tokenize: parse special-token text into special tokens\n"
         "  --bench                  measure pp (-p N tokens) and tg (-n N tokens), -r repetitions, median\n"
+        "  --perplexity FILE        perplexity of FILE in chunks of -c tokens (default 512), second halves scored\n"
+        "  --kl-base BASE.gguf      with --perplexity: also KL divergence and top-1 agreement against BASE\n"
+        "  --chunks N               with --perplexity: at most N chunks\n"
         "  --plan                   print the memory a deployment needs (weights, KV per token/slot/total,\n"
         "                           compute) for -c N tokens per slot and -np N slots, without loading weights\n"
         "\n"
@@ -86,6 +89,7 @@ void print_usage() {
         "  --temp T  --top-k N  --top-p P  --min-p P  --seed N\n"
         "  --repeat-penalty P  --repeat-last-n N  --presence-penalty P  --frequency-penalty P\n"
         "  --no-mmap  --mlock\n"
+        "  --moe-per-token          run MoE experts token by token instead of grouped by expert (benchmarks)\n"
         "\n"
         "HTTP server (the mode when none of the above is asked for; llama-server's API):\n"
         "  --host H                 address to listen on, numeric IPv4/IPv6 (default 127.0.0.1)\n"
@@ -96,7 +100,7 @@ void print_usage() {
         "  -a, --alias NAME         model name in responses (default: the model path)\n"
         "  --cache-ram MiB          host-RAM cache of evicted slot states (default 8192, 0 off, -1 no limit)\n"
         "  --context-shift          when a slot fills up, drop the older half after --keep N tokens\n"
-        "  --kv-unified             one KV pool for all slots (not supported yet: warns)\n"
+        "  --kv-unified             one KV pool of -c cells shared by all slots (a request may use all of it)\n"
         "  --chat-template NAME     chatml, llama3, gemma, ... (default: recognized from the model)\n"
         "  --chat-template-file F   recognize the family from a Jinja template file\n"
         "  --max-queue N            requests that may wait for a slot; beyond, 503 at once (default 64)\n"
@@ -159,6 +163,9 @@ Options parse_args(int argc, char** argv) {
         else if (a == "--parse-special") o.parse_special = true;
         else if (a == "--bench") o.bench = true;
         else if (a == "--plan") o.plan = true;
+        else if (a == "--perplexity") o.perplexity_file = next();
+        else if (a == "--kl-base") o.kl_base = next();
+        else if (a == "--chunks") o.n_chunks = next_int();
         else if (a == "-np" || a == "--parallel") o.n_parallel = next_int();
         else if (a == "-n" || a == "--n-predict") o.n_predict = next_int();
         else if (a == "-c" || a == "--ctx-size") o.n_ctx = next_int();
@@ -178,6 +185,7 @@ Options parse_args(int argc, char** argv) {
         else if (a == "--frequency-penalty") o.sampling.frequency_penalty = next_float();
         else if (a == "--no-mmap") o.use_mmap = false;
         else if (a == "--mlock") o.mlock = true;
+        else if (a == "--moe-per-token") o.moe_per_token = true;
         else if (a == "--verbose-prompt") o.verbose_prompt = true;
         // HTTP server mode
         else if (a == "--host") o.srv.host = next();
@@ -264,6 +272,7 @@ llm::ContextParams context_params(const Options& o, int n_ctx) {
     cp.n_threads = o.n_threads;
     cp.type_k = o.type_k;
     cp.type_v = o.type_v;
+    cp.moe_grouped = !o.moe_per_token;
     return cp;
 }
 
@@ -389,6 +398,24 @@ int run_bench(const Options& o, const llm::Model& m) {
     return 0;
 }
 
+// --perplexity FILE [--kl-base BASE]: llama-perplexity's numbers (and its --kl-divergence ones).
+int run_perplexity(const Options& o, const llm::Model& m) {
+    std::unique_ptr<llm::Model> base;
+    if (!o.kl_base.empty()) {
+        llm::ModelOptions mo;
+        mo.use_mmap = o.use_mmap;
+        base = llm::Model::load(o.kl_base, mo);
+    }
+    llm::PerplexityParams p;
+    p.n_ctx = o.n_ctx > 0 ? o.n_ctx : 512;
+    p.n_batch = o.n_batch;
+    p.n_chunks = o.n_chunks;
+    p.n_threads = o.n_threads;
+    llm::PerplexityResult r = llm::evaluate_perplexity(m, base.get(), read_file(o.perplexity_file), p, llm::perplexity_progress_printer(stdout));
+    llm::print_perplexity_report(r, stdout);
+    return 0;
+}
+
 std::string human_bytes(size_t b) {
     char buf[64];
     if (b >= (1ull << 29)) snprintf(buf, sizeof buf, "%.2f GiB", b / double(1ull << 30));
@@ -447,6 +474,11 @@ int run_plan(const Options& o) {
 // With --cache-ram, the tokens a slot is about to overwrite are first saved (seq_save) to an LRU of
 // host-RAM blobs, and restored (seq_restore) when a later prompt shares a longer prefix with a blob
 // than with its slot.
+//
+// --kv-unified: all slots share one pool of -c cells (the engine pages it), so one request may use
+// all of it. Each step is planned against the free cells: idle slots give their cells back first (their
+// tokens go to the RAM cache), and if the running requests alone outgrow the pool, the youngest one is
+// stopped (stop_type "limit", or a 503 if it was still reading its prompt) rather than failing a decode.
 //
 // A full slot never degrades silently: a prompt that cannot fit (with n_predict, when given) is a 400
 // at once; generation that reaches the end of the slot stops with stop_type "limit", or with
@@ -795,6 +827,8 @@ private:
     void release(Slot& s);
     void context_shift(Slot& s);
     void publish();
+    int pool_room();
+    bool make_room(size_t need);
     json prob_json(const float* logits, int32_t tok, const Slot& s) const;
 
     const Options& o_;
@@ -803,7 +837,7 @@ private:
     std::unique_ptr<llm::Context> ctx_;
     llm::ChatFamily chat_family_ = llm::ChatFamily::ChatML;
     std::string chat_template_;  // the Jinja source the family was recognized from ("" if none)
-    int n_slots_ = 1, n_ctx_slot_ = 0, n_vocab_ = 0, budget_ = 512;
+    int n_slots_ = 1, n_ctx_slot_ = 0, n_ctx_total_ = 0, n_vocab_ = 0, budget_ = 512;
     std::atomic<int64_t> next_task_id_{0};
     int64_t created_ = 0;
 
@@ -1221,7 +1255,7 @@ void LlmServer::handle_props(http::Response& res) {
            {"total_slots", n_slots_},
            {"model_alias", model_id()},
            {"model_path", o_.model},
-           {"n_ctx", n_ctx_slot_ * n_slots_},
+           {"n_ctx", n_ctx_total_},
            {"chat_template", chat_template_},
            {"chat_template_family", llm::chat_family_name(chat_family_)},
            {"bos_token", v.bos() >= 0 ? v.token_to_piece(v.bos(), true) : ""},
@@ -1283,7 +1317,7 @@ void LlmServer::handle_metrics(http::Response& res) {
     metric("gauge", "predicted_tokens_seconds", "Average generation throughput in tokens/s.",
            s.predicted_s > 0 ? s.predicted_tokens / s.predicted_s : 0.0);
     metric("gauge", "kv_cache_usage_ratio", "KV-cache usage. 1 means 100 percent usage.",
-           (double)s.kv_tokens / std::max(1, n_ctx_slot_ * n_slots_));
+           (double)s.kv_tokens / std::max(1, n_ctx_total_));
     metric("gauge", "kv_cache_tokens", "KV-cache tokens.", (double)s.kv_tokens);
     metric("gauge", "requests_processing", "Number of requests processing.", busy);
     metric("gauge", "requests_deferred", "Number of requests deferred.", deferred);
@@ -1384,11 +1418,20 @@ void LlmServer::start_task(Slot& s, std::unique_ptr<Task> t) {
         if (s.cache.size() > reuse && s.cache.size() >= 16) ram_.save(s.cache, ctx_->seq_save(s.id, (int)s.cache.size()));
         size_t len = 0;
         if (t->p.cache_prompt) {
-            if (RamCache::Entry* e = ram_.best(prompt, reuse, &len)) {
-                ctx_->seq_restore(s.id, e->blob);
-                s.cache = e->tokens;
-                reuse = len;
-                log_msg('I', "slot %d: restored %zu tokens from the RAM cache (%zu of them reused)", s.id, e->tokens.size(), len);
+            RamCache::Entry* e = ram_.best(prompt, reuse, &len);
+            // In a unified pool, only when the cells are free anyway (a restore must not push out
+            // running requests).
+            if (e && (int)(e->tokens.size() + s.cache.size()) <= pool_room()) {
+                try {
+                    ctx_->seq_restore(s.id, e->blob);
+                    s.cache = e->tokens;
+                    reuse = len;
+                    log_msg('I', "slot %d: restored %zu tokens from the RAM cache (%zu of them reused)", s.id, e->tokens.size(), len);
+                } catch (const llm::Error& err) {  // the sequence is empty now
+                    log_msg('W', "slot %d: RAM cache restore failed: %s", s.id, err.what());
+                    s.cache.clear();
+                    reuse = 0;
+                }
             }
         }
     }
@@ -1568,7 +1611,10 @@ bool LlmServer::step(llm::Batch& batch) {
     struct Part { Slot* s; size_t n; bool logits; };
     std::vector<Part> parts;
     batch.clear();
-    size_t budget = (size_t)budget_;
+    size_t n_next = 0;  // generating slots: one token each
+    for (Slot& s : slots_) n_next += s.task && s.pending() == 1;
+    if (!make_room(std::max<size_t>(n_next, 1))) return false;
+    size_t budget = std::min((size_t)budget_, (size_t)pool_room());
     auto add = [&](Slot& s, size_t n) {
         const size_t from = s.cache.size();
         const bool logits = n == s.pending();
@@ -1612,6 +1658,57 @@ bool LlmServer::step(llm::Batch& batch) {
         s.cache.insert(s.cache.end(), s.target.begin() + from, s.target.begin() + from + pt.n);
         if (!s.generating) s.n_prompt_evaluated += (int)pt.n;
         if (pt.logits) on_logits(s, ctx_->logits(li++));
+    }
+    return true;
+}
+
+// Cells a step may still add (unified pool). The engine hands out pages of kEnginePage cells, so a
+// sequence holds whole pages and each running one may open one more page in a step.
+// Split mode: unbounded here (the per-slot checks guard it).
+int LlmServer::pool_room() {
+    if (!o_.srv.kv_unified) return INT32_MAX;
+    constexpr int kEnginePage = 16;  // KVCache::kBlock
+    int pages = 0;
+    for (const Slot& s : slots_) pages += ((int)s.cache.size() + kEnginePage - 1) / kEnginePage + (s.task ? 1 : 0);
+    return std::max(0, ctx_->n_ctx() - kEnginePage * pages);
+}
+
+// Frees pool cells until `need` fit: idle slots' caches first (least recently used; they go to the
+// RAM cache), then the youngest running request is stopped. False when no request is left to run.
+bool LlmServer::make_room(size_t need) {
+    while ((size_t)pool_room() < need) {
+        Slot* idle = nullptr;
+        for (Slot& s : slots_) {
+            if (!s.task && !s.cache.empty() && (!idle || s.last_used < idle->last_used)) idle = &s;
+        }
+        if (idle) {
+            if (ram_.enabled() && idle->cache.size() >= 16) ram_.save(idle->cache, ctx_->seq_save(idle->id, (int)idle->cache.size()));
+            log_msg('I', "slot %d: %zu cached tokens evicted to make room in the KV pool", idle->id, idle->cache.size());
+            ctx_->seq_truncate(idle->id, 0);
+            idle->cache.clear();
+            idle->target.clear();
+            continue;
+        }
+        Slot* young = nullptr;
+        for (Slot& s : slots_) {
+            if (s.task && (!young || s.task->id > young->task->id)) young = &s;
+        }
+        if (!young) return false;
+        log_msg('W', "slot %d: the KV pool is full (%d of %d cells used): stopping task %lld", young->id, ctx_->n_cells_used(),
+                ctx_->n_ctx(), (long long)young->task->id);
+        if (young->generating) {
+            young->target.resize(young->cache.size());
+            finish(*young, "limit");
+        } else {
+            fail_slot(*young, 503, "the KV cache pool is full: try again later");
+        }
+        size_t n_next = 0, n_busy = 0;
+        for (Slot& s : slots_) {
+            n_next += s.task && s.pending() == 1;
+            n_busy += s.task != nullptr;
+        }
+        if (n_busy == 0) return false;
+        need = std::max<size_t>(n_next, 1);
     }
     return true;
 }
@@ -1725,14 +1822,13 @@ void LlmServer::load() {
     n_vocab_ = hp.n_vocab;
     llm::ContextParams cp = context_params(o_, o_.n_ctx);
     cp.n_seq = n_slots_;
+    cp.kv_unified = o_.srv.kv_unified;
     ctx_ = std::make_unique<llm::Context>(*model_, cp);
     n_ctx_slot_ = ctx_->n_ctx_seq();
-    log_msg('I', "kv cache: %d slots x %d tokens, %.2f MiB (K %s, V %s); %d threads; %d tokens per step", n_slots_, n_ctx_slot_,
-            mib(ctx_->kv_bytes()), llm::type_info(o_.type_k).name, llm::type_info(o_.type_v).name, ctx_->n_threads(), budget_);
-    if (o_.srv.kv_unified && n_slots_ > 1) {
-        log_msg('W', "--kv-unified is not supported yet (the engine partitions its cells per sequence): each of the %d slots gets %d cells",
-                n_slots_, n_ctx_slot_);
-    }
+    n_ctx_total_ = ctx_->n_ctx();
+    log_msg('I', "kv cache: %d slots, %s of %d tokens, %.2f MiB (K %s, V %s); %d threads; %d tokens per step", n_slots_,
+            o_.srv.kv_unified ? "one shared pool" : "each", o_.srv.kv_unified ? n_ctx_total_ : n_ctx_slot_, mib(ctx_->kv_bytes()),
+            llm::type_info(o_.type_k).name, llm::type_info(o_.type_v).name, ctx_->n_threads(), budget_);
     choose_chat_template();
     slots_.resize(n_slots_);
     for (int i = 0; i < n_slots_; i++) slots_[i].id = i;
@@ -1824,7 +1920,8 @@ int LlmServer::run() {
 }
 
 bool wants_server(const Options& o) {
-    return !o.tokenize && !o.plan && !o.bench && o.dump_logits.empty() && !o.has_prompt && !o.has_prompt_ids && o.prompt_file.empty();
+    return !o.tokenize && !o.plan && !o.bench && o.dump_logits.empty() && o.perplexity_file.empty() && !o.has_prompt &&
+           !o.has_prompt_ids && o.prompt_file.empty();
 }
 
 int run_server(const Options& o) {
@@ -1855,6 +1952,7 @@ int main(int argc, char** argv) {
                 model->hp.n_head_kv, model->hp.n_vocab, model->n_params() / 1e6, mib(model->weight_bytes()),
                 (llm::now_seconds() - t0) * 1000);
         if (!o.dump_logits.empty()) return run_dump_logits(o, *model);
+        if (!o.perplexity_file.empty()) return run_perplexity(o, *model);
         if (o.bench) return run_bench(o, *model);
         if (o.has_prompt || o.has_prompt_ids || !o.prompt_file.empty()) return run_complete(o, *model);
         usage_error("nothing to do: give -p PROMPT, --prompt-ids, --tokenize, --dump-logits or --bench");

@@ -156,7 +156,7 @@ TEST_CASE("quantize: mixes without a reference file follow llama.cpp's rules") {
 TEST_CASE("quantize: rows the type cannot hold fall back to a 32-block type") {
     using T = llm::Type;
     auto g = llm::GGUF::open(models_dir() + "tiny-deepseek2-lite-F16.gguf");  // attn_k_b rows are 64 long
-    const std::pair<const char*, T> cases[] = {{"Q2_K", T::Q4_0}, {"Q3_K_M", T::Q4_0}, {"Q4_K_S", T::Q5_0},
+    const std::pair<const char*, T> cases[] = {{"Q2_K", T::IQ4_NL}, {"Q3_K_M", T::IQ4_NL}, {"Q4_K_S", T::Q5_0},
                                                {"Q5_K_S", T::Q5_1}, {"Q6_K", T::Q8_0}};
     for (const auto& c : cases) {
         CAPTURE(c.first);
