@@ -1,7 +1,10 @@
 #!/usr/bin/env python3
-"""Generate wip/unicode_tables.inc: the compact Unicode tables the tokenizer's pre-tokenizers use.
+"""Generate the compact Unicode tables the tokenizer's pre-tokenizers use, in place in llm.hpp.
 
-Usage: python3 scripts/gen-unicode-tables.py [OUTPUT]   (default: wip/unicode_tables.inc)
+Usage: python3 scripts/gen-unicode-tables.py [HEADER]   (default: llm.hpp)
+
+The tables sit between the lines "// BEGIN generated unicode tables" and "// END generated unicode
+tables"; everything between them is replaced.
 
 Everything comes from Python's own `unicodedata` module, so the Unicode version is the one of the
 Python that runs this script (it is written into the header of the output). Tables:
@@ -85,7 +88,7 @@ def merge_ranges(items):
 
 
 def main():
-    path = sys.argv[1] if len(sys.argv) > 1 else "wip/unicode_tables.inc"
+    path = sys.argv[1] if len(sys.argv) > 1 else "llm.hpp"
     ranges = []
     prev = None
     for cp in range(MAX_CP):
@@ -124,8 +127,13 @@ def main():
     if row:
         lines.append("    " + " ".join(row))
     lines.append("};")
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    begin = text.index("// BEGIN generated unicode tables")
+    begin = text.index("\n", begin) + 1
+    end = text.index("// END generated unicode tables")
     with open(path, "w", encoding="utf-8") as f:
-        f.write("\n".join(lines) + "\n")
+        f.write(text[:begin] + "\n".join(lines) + "\n" + text[end:])
     print("wrote %s: %d ranges, %d letter ranges" % (path, len(ranges), len(letters)))
 
 

@@ -270,3 +270,32 @@ TEST_CASE("quantize: K-quant rows, edge values") {
     }
     CHECK(error_of([&] { llm::quantize_row_kquant(T::Q8_0, ramp.data(), zeros.data(), 256); }) != "");
 }
+
+TEST_CASE("quantize: round trip of random data stays within each type's error bound") {
+    using T = llm::Type;
+    std::mt19937 rng(11);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    const int64_t n = 64 * 256;
+    std::vector<float> x(n), y(n);
+    for (float& v : x) v = nd(rng);
+    double sum2 = 0;
+    for (float v : x) sum2 += (double)v * v;
+    // Relative RMS error of gaussian data: what each format's bits allow, with some room (the values
+    // measured here are about 0.75 of these bounds; each extra bit should roughly halve them).
+    const std::pair<T, double> cases[] = {
+        {T::F16, 3e-4}, {T::BF16, 2.5e-3}, {T::Q8_0, 7e-3}, {T::Q6_K, 2.3e-2}, {T::Q5_1, 4.8e-2}, {T::Q5_0, 5.5e-2},
+        {T::Q5_K, 4.8e-2}, {T::Q4_1, 1e-1}, {T::Q4_0, 1.1e-1}, {T::IQ4_NL, 1e-1}, {T::Q4_K, 9.5e-2},
+        {T::Q3_K, 2e-1}, {T::Q2_K, 3.8e-1},
+    };
+    for (const auto& [t, bound] : cases) {
+        CAPTURE(llm::type_info(t).name);
+        std::vector<uint8_t> q(llm::row_bytes(t, n));
+        llm::quantize_row_weights(t, x.data(), q.data(), n);
+        llm::dequantize_row(t, q.data(), y.data(), n);
+        double err2 = 0;
+        for (int64_t i = 0; i < n; i++) err2 += (double)(y[i] - x[i]) * (y[i] - x[i]);
+        const double rel = std::sqrt(err2 / sum2);
+        MESSAGE(std::string(llm::type_info(t).name) << " relative RMS error " << rel);
+        CHECK(rel < bound);
+    }
+}
