@@ -257,6 +257,8 @@ public:
     int n_ctx() const;                    // total cells
     int n_ctx_seq() const;                // most positions one sequence may hold
     int n_cells_used() const;             // cells holding tokens, all sequences
+    int n_cells_free() const;             // cells in pages no sequence holds
+    int kv_page_size() const;             // cells per page: sequences hold whole pages
     int n_seq() const;
     int seq_len(int seq) const;           // tokens cached for seq
     void seq_truncate(int seq, int n);    // keep the first n positions of seq
@@ -1997,6 +1999,8 @@ int Context::n_logits() const { return impl_->n_logits; }
 int Context::n_ctx() const { return impl_->kv.n_blocks * KVCache::kBlock; }
 int Context::n_ctx_seq() const { return impl_->kv.seq_cap; }
 int Context::n_cells_used() const { return impl_->kv.cells_used(); }
+int Context::n_cells_free() const { return (int)impl_->kv.free_blocks.size() * KVCache::kBlock; }
+int Context::kv_page_size() const { return KVCache::kBlock; }
 int Context::n_seq() const { return impl_->kv.n_seq; }
 int Context::seq_len(int seq) const { return impl_->kv.seq_len.at(seq); }
 void Context::seq_truncate(int seq, int n) {

@@ -1662,15 +1662,14 @@ bool LlmServer::step(llm::Batch& batch) {
     return true;
 }
 
-// Cells a step may still add (unified pool). The engine hands out pages of kEnginePage cells, so a
-// sequence holds whole pages and each running one may open one more page in a step.
-// Split mode: unbounded here (the per-slot checks guard it).
+// Cells a step may still add (unified pool): the free pages, less one page for each running slot
+// whose next token may open a new page. Split mode: unbounded here (the per-slot checks guard it).
 int LlmServer::pool_room() {
     if (!o_.srv.kv_unified) return INT32_MAX;
-    constexpr int kEnginePage = 16;  // KVCache::kBlock
-    int pages = 0;
-    for (const Slot& s : slots_) pages += ((int)s.cache.size() + kEnginePage - 1) / kEnginePage + (s.task ? 1 : 0);
-    return std::max(0, ctx_->n_ctx() - kEnginePage * pages);
+    const int page = ctx_->kv_page_size();
+    int opening = 0;
+    for (const Slot& s : slots_) opening += s.task && s.cache.size() % page == 0;
+    return std::max(0, ctx_->n_cells_free() - page * opening);
 }
 
 // Frees pool cells until `need` fit: idle slots' caches first (least recently used; they go to the
