@@ -337,7 +337,8 @@ TEST_CASE("quants: every SIMD path agrees with the scalar vec_dot") {
 TEST_CASE("quants: matmul_rows equals vec_dot for every tile shape") {
     IsaGuard guard;
     std::mt19937 rng(5);
-    const int64_t k = 512, rows = 7, cols = 6, ld = 9;  // odd sizes exercise the 1-row and 1-column tails
+    const int64_t k = 512, rows = 7, cols = 13, ld = 9;  // odd sizes: 1-row and narrow-column tails, and a
+                                                        // 5-column tail after a full 8-column tile (padded)
     for (Type t : kWeightTypes) {
         CAPTURE(llm::type_info(t).name);
         const Type at = llm::vec_dot_type(t);
@@ -354,7 +355,7 @@ TEST_CASE("quants: matmul_rows equals vec_dot for every tile shape") {
         for (llm::Isa isa : supported_isas()) {
             CAPTURE(llm::isa_name(isa));
             llm::isa_set(isa);
-            for (int64_t n_act : {(int64_t)1, (int64_t)cols}) {
+            for (int64_t n_act : {(int64_t)1, (int64_t)6, (int64_t)cols}) {
                 std::vector<float> out(ld * cols, -1.0f);
                 llm::matmul_rows(t, W.data(), wrow, k, 1, rows, A.data(), arow, n_act, out.data(), ld);
                 for (int64_t j = 0; j < cols; j++) {
