@@ -6,18 +6,27 @@
 // and include it plainly everywhere else. Depends on the C++17 standard library only.
 //
 // Table of contents
-//   1. Public API            errors, tensor types, GGUF reader, vocabulary, model, context, sampler
+//   1. Public API            errors, tensor types, GGUF reader, quantized rows, quantizer, vocabulary,
+//                            chat templates, model, context (KV cache, batches), sampler, evaluation,
+//                            memory planning
 //   -- implementation (LLM_IMPLEMENTATION) --
-//   2. Utilities             half/bfloat conversions, checked arithmetic, timing
-//   3. GGUF                  mmap reader with bounds checks, split files, metadata
-//   4. Types and quants      block layouts, dequantization, activation/KV quantization, scalar dot products
-//   5. CPU features and SIMD run-time dispatch (XCR0-checked), AVX2 / AVX-512 dot products
-//   6. Thread pool           persistent workers, parallel-for over rows
-//   7. Tokenizer             unicode tables, SentencePiece, byte-level BPE with pre-tokenizers, specials
-//   8. Model                 hyperparameters from metadata, tensor binding per architecture
-//   9. KV cache              per-sequence cells in f32/f16/q8_0/q4_0/iq4_nl
-//  10. Forward pass          llama, qwen2, qwen3, gemma3 (one code path for prefill and decode)
-//  11. Sampling              penalties, top-k, top-p, min-p, temperature, seeded RNG
+//   2. Utilities             errors, half/bfloat conversions, timing
+//   3. Block layouts         ggml's quantized blocks, byte for byte, and the type table
+//   4. GGUF reader           mmap, bounds-checked parser, split files, metadata access
+//   5. Quantized rows        dequantization, activation/KV quantization, scalar dot products
+//   6. SIMD kernels          run-time dispatch (cpuid + XCR0), AVX2 / AVX-512 tiles, attention helpers
+//   7. Weight quantizers     K-quants and IQ4_NL as llama-quantize writes them
+//   8. GGUF writer           streamed v3 output
+//   9. Model quantizer       per-tensor type choice of each mix, the streaming driver
+//  10. Tokenizer             unicode tables, SentencePiece, byte-level BPE with pre-tokenizers, specials
+//  11. Chat templates        family detection and byte-exact rendering
+//  12. Thread pool           persistent workers, parallel-for
+//  13. Model                 hyperparameters from metadata, tensor binding per architecture
+//  14. KV cache              paged cells in f32/f16/q8_0/q4_0/iq4_nl, per-sequence or unified
+//  15. Forward pass          GQA and MLA attention, dense and MoE FFN, one path for prefill and decode
+//  16. Memory planning       KV bytes per token, the --plan calculator
+//  17. Sampling              penalties, top-k, top-p, min-p, temperature, seeded RNG
+//  18. Evaluation            perplexity and KL divergence
 #ifndef LLM_HPP
 #define LLM_HPP
 
@@ -131,14 +140,221 @@ private:
 // Parse a GGUF image held in memory (no mmap, no split). Used by the fuzzer and tests; throws Error.
 std::unique_ptr<GGUF> gguf_parse_memory(const uint8_t* data, size_t size);
 
-#include "wip/quants_api.inc"
-#include "wip/quantize_api.inc"
+// ---- Quantized rows and dot products (public so tests and tools can use them) --------------
+
+// Row conversions; n must be a multiple of the type's block size. dequantize_row handles every
+// supported type; quantize_row handles F32/F16/BF16, Q8_0/Q8_1/Q8_K, Q4_0/Q4_1/Q5_0/Q5_1, IQ4_NL
+// (ggml's reference quantizers, bit-exact) and forwards K-quants to quantize_row_kquant.
+void dequantize_row(Type t, const void* src, float* dst, int64_t n);
+void quantize_row(Type t, const float* src, void* dst, int64_t n);
+// Q8_0 with the reference rounding model files use (quantize_row uses ggml's run-time rounding).
+void quantize_row_q8_0_reference(const float* src, void* dst, int64_t n);
+
+// The type activations are converted to before a dot product with a weight of type `weight`.
+Type vec_dot_type(Type weight);
+
+// x: n values of type `weight`; y: n values of vec_dot_type(weight).
+float vec_dot(Type weight, int64_t n, const void* x, const void* y);
+
+// out[j*ld_out + i] = vec_dot(wt, k, W + i*w_row_bytes, act + j*act_row_bytes)
+// for rows i in [r0, r1) and activation columns j in [0, n_act). The caller splits rows across threads.
+void matmul_rows(Type wt, const uint8_t* W, size_t w_row_bytes, int64_t k, int64_t r0, int64_t r1,
+                 const uint8_t* act, size_t act_row_bytes, int64_t n_act, float* out, int64_t ld_out);
+
+// SIMD level used by vec_dot / matmul_rows, chosen once from cpuid + XCR0.
+enum class Isa { Scalar = 0, AVX2 = 1, AVX512 = 2 };
+Isa isa_best();                  // the best instruction set this CPU and OS support
+Isa isa_current();               // the one in use (initially isa_best())
+void isa_set(Isa isa);           // force one (tests, benchmarks); throws Error if unsupported
+std::string isa_name(Isa isa);
+// ---- Quantizer ----------------------------------------------------------------------------
+// Model quantization as llama-quantize does it (no importance matrix): the same per-tensor type choice for
+// each file type ("mix") and bit-identical quantized data.
+
+// llama.cpp's file types (LLAMA_FTYPE_MOSTLY_*), numbered as in general.file_type.
+enum class FileType : uint32_t {
+    F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q8_0 = 7, Q5_0 = 8, Q5_1 = 9, Q2_K = 10,
+    Q3_K_S = 11, Q3_K_M = 12, Q3_K_L = 13, Q4_K_S = 14, Q4_K_M = 15, Q5_K_S = 16, Q5_K_M = 17, Q6_K = 18,
+    IQ4_NL = 25, BF16 = 32,
+};
+// Accepts the names llama-quantize accepts (case-insensitive, "Q4_K" = Q4_K_M, "Q3_K" = Q3_K_M, "Q5_K" =
+// Q5_K_M) and the numeric ids; throws Error for anything else.
+FileType file_type_from_name(const std::string& name);
+const char* file_type_name(FileType ft);
+Type file_type_default(FileType ft);  // the type most tensors get
+
+struct QuantizeOptions {
+    FileType ftype = FileType::Q8_0;
+    int n_threads = 0;                 // 0: all hardware threads
+    bool pure = false;                 // every quantizable tensor gets the default type (--pure)
+    bool allow_requantize = false;     // accept already-quantized input tensors
+    bool leave_output_tensor = false;  // keep output.weight as it is
+    bool dry_run = false;              // plan and report sizes, write nothing
+    bool has_output_tensor_type = false;
+    Type output_tensor_type = Type::F16;
+    bool has_token_embedding_type = false;
+    Type token_embedding_type = Type::F16;
+    bool verbose = true;               // progress and summary on stderr
+};
+
+// One tensor of the output, in output order (the reference's: non-layer tensors by name, then by layer).
+struct QuantizePlanEntry {
+    const TensorInfo* src = nullptr;
+    Type type = Type::F32;  // type in the output
+    size_t nbytes = 0;      // its size in the output
+};
+
+struct QuantizeResult {
+    std::vector<QuantizePlanEntry> plan;
+    size_t bytes_in = 0, bytes_out = 0;  // tensor data only
+    int64_t n_elements = 0;
+    int n_fallback = 0;                  // tensors whose row length forced another type
+    double seconds = 0;
+};
+
+// The per-tensor type choice alone (llama_tensor_get_type and its fallbacks). Throws Error for a tensor
+// that cannot be quantized as asked.
+QuantizeResult quantize_plan(const GGUF& in, const QuantizeOptions& opt);
+
+// Quantizes in_path to out_path (written to a temporary file renamed at the end: no partial output is left
+// behind on error). Throws Error.
+QuantizeResult quantize_model(const std::string& in_path, const std::string& out_path, const QuantizeOptions& opt);
+
+// Quantizes n values (n a multiple of 256) to Q2_K..Q6_K, bit-exact with ggml's reference quantizers.
+void quantize_row_kquant(Type t, const float* src, void* dst, int64_t n);
+// One row of model weights exactly as llama-quantize writes it without an importance matrix: K-quants
+// as above, IQ4_NL with ggml's scale search (quantize_iq4_nl, not the _ref used for the KV cache), the
+// other types through quantize_row.
+void quantize_row_weights(Type t, const float* src, void* dst, int64_t n);
 
 // ---- Tokenizer -----------------------------------------------------------------------------
-#include "wip/tokenizer_api.inc"
+// ---- Vocabulary and tokenizer --------------------------------------------------------------
+// Token attributes, bit flags (as llama.cpp's llama_token_attr). GGUF stores a token *type* per
+// token (tokenizer.ggml.token_type); the vocabulary turns it into these and adds a few by name.
+enum TokenAttr : uint32_t {
+    TOKEN_ATTR_UNDEFINED = 0,
+    TOKEN_ATTR_UNKNOWN = 1u << 0,
+    TOKEN_ATTR_UNUSED = 1u << 1,
+    TOKEN_ATTR_NORMAL = 1u << 2,
+    TOKEN_ATTR_CONTROL = 1u << 3,       // <s>, <|im_end|>: never produced from plain text
+    TOKEN_ATTR_USER_DEFINED = 1u << 4,  // added tokens: always split out of the text first
+    TOKEN_ATTR_BYTE = 1u << 5,          // <0x0A> byte-fallback tokens
+    TOKEN_ATTR_LSTRIP = 1u << 7,        // eat whitespace before the token when parsing specials
+    TOKEN_ATTR_RSTRIP = 1u << 8,        // eat whitespace after it
+};
+
+struct VocabData;  // implementation detail
+
+// The tokenizer of a model, read from its tokenizer.ggml.* metadata. Supports SentencePiece-style
+// ("llama": Llama 2, Phi-3, Gemma, Baichuan, ...) and byte-level BPE ("gpt2": GPT-2, Llama 3, Qwen2,
+// SmolLM, StarCoder, Falcon, MPT, DeepSeek, ...) with the pre-tokenizer named by tokenizer.ggml.pre,
+// token for token identical to llama.cpp. A default-constructed Vocab, or one from a file whose
+// tokenizer.ggml.model is "no_vocab", has no tokenizer (tokenize throws; n_tokens may still be set).
+// Immutable after construction, so one Vocab may be used from several threads; copies are cheap.
+class Vocab {
+public:
+    Vocab() = default;
+    explicit Vocab(const GGUF& gguf);  // throws Error on missing or inconsistent metadata
+
+    // add_special: add BOS / EOS as the model asks (add_bos() / add_eos()).
+    // parse_special: text that spells a control token ("<|im_end|>") becomes that token; otherwise it
+    // is tokenized as plain text. User-defined tokens are always matched, as in llama.cpp.
+    std::vector<int32_t> tokenize(const std::string& text, bool add_special, bool parse_special) const;
+    // The bytes a token stands for (may be part of a UTF-8 sequence). Control / unknown tokens give
+    // their text when special is true and "" otherwise.
+    std::string token_to_piece(int32_t id, bool special = true) const;
+    // Concatenated pieces, with the tokenizer's cleanups (SentencePiece leading space removed, BPE
+    // " ," / " 's" spacing cleaned where the model asks). special: render control tokens.
+    std::string detokenize(const std::vector<int32_t>& ids, bool special = false) const;
+
+    int32_t n_tokens() const;
+    int32_t bos() const;  // -1 if none
+    int32_t eos() const;
+    int32_t eot() const;
+    int32_t eom() const;
+    int32_t unk() const;
+    int32_t pad() const;
+    int32_t sep() const;
+    bool add_bos() const;
+    bool add_eos() const;
+    bool add_space_prefix() const;
+    bool clean_spaces() const;  // detokenize removes the space in " ," " ." " 's" ... (most BPE models)
+    bool is_eog(int32_t id) const;  // end of generation: eos, eot, <|im_end|>, <end_of_turn>, ...
+    const std::vector<int32_t>& eog_ids() const;  // sorted
+    bool is_control(int32_t id) const;
+    uint32_t token_attr(int32_t id) const;  // TokenAttr bits; 0 for an id out of range
+    const std::string& token_text(int32_t id) const;  // as stored (Ġ/▁ forms); "" if out of range
+    float token_score(int32_t id) const;
+    int32_t find_token(const std::string& text) const;  // id of the token with exactly this text, or -1
+
+    const std::string& model_type() const;  // tokenizer.ggml.model: "llama", "gpt2", "no_vocab", ...
+    const std::string& pre_type() const;    // tokenizer.ggml.pre as used ("default" when absent)
+    bool has_tokenizer() const;
+
+private:
+    std::shared_ptr<const VocabData> d_;
+};
 
 // ---- Chat templates ------------------------------------------------------------------------
-#include "wip/chat_api.inc"
+// ---- Chat templates ------------------------------------------------------------------------
+// A model's `tokenizer.chat_template` is a Jinja program. We do not interpret Jinja: we recognize the
+// common template families from distinctive substrings and render them with hand-written code that
+// produces byte for byte what Hugging Face's apply_chat_template (Jinja2, trim_blocks, lstrip_blocks)
+// produces for plain text system/user/assistant turns (plus simple `tool` turns where the family
+// has them). Errors the template itself raises (e.g. Gemma 2 rejecting the system role) are thrown
+// as llm::Error carrying the template's own message, unless ChatOptions::fold_system asks for
+// llama-server's fallback.
+
+struct ChatMessage {
+    std::string role;     // "system", "user", "assistant", "tool"
+    std::string content;
+};
+
+enum class ChatFamily {
+    Unknown,
+    ChatML,          // <|im_start|>role\n...<|im_end|>\n, no default system (OpenHermes, many fine-tunes)
+    Qwen2,           // ChatML + default system "You are a helpful assistant."
+    Qwen25,          // ChatML + default system "You are Qwen, created by Alibaba Cloud. ..."
+    Qwen3,           // ChatML, <think> handling for assistant turns after the last user query
+    SmolLM2,         // ChatML + default system "You are a helpful AI assistant named SmolLM, ..."
+    SmolLM3,         // ChatML with the "## Metadata" system block and /think, /no_think
+    Llama3,          // Llama 3.0: header per turn, no date block
+    Llama31,         // Llama 3.1 / 3.3: "Cutting Knowledge Date" block, date fixed to "26 Jul 2024"
+    Llama32,         // Llama 3.2: same block with today's date (ChatOptions::date_string)
+    Gemma2,          // Gemma 1/2: no system role (raises, or folds with fold_system)
+    Gemma3,          // Gemma 3: system folded into the first user turn by the template itself
+    DeepSeekR1,      // R1 / R1-Distill: generation prompt "<｜Assistant｜><think>\n"
+    DeepSeekR1Switch,// R1-Distill variant whose prompt closes </think> unless enable_thinking is true
+    DeepSeekV3,      // V3 (0324): "<｜User｜>...<｜Assistant｜>"
+    DeepSeekV31,     // V3.1: "<think></think>" after each user turn unless thinking
+    DeepSeekCoder,   // deepseek-coder-instruct: "### Instruction:" / "### Response:"
+    MistralNemo,     // Mistral Nemo (v3-tekken): [INST]...[/INST], system joined into the last user turn
+    Phi3,            // Phi-3 / 3.5: <|user|>\n...<|end|>\n
+};
+
+struct ChatOptions {
+    bool add_generation_prompt = true;
+    std::string bos_token, eos_token;  // as the template receives them (from the vocabulary)
+    std::string date_string;           // today's date as strftime("%d %b %Y"), e.g. "29 Nov 2026";
+                                       // only Llama 3.2 prints it ("" -> the template's "26 Jul 2024")
+    int enable_thinking = -1;          // chat_template_kwargs.enable_thinking: -1 undefined (the
+                                       // template's own default), 0 false, 1 true
+    bool fold_system = false;          // families without a system role (Gemma 2): instead of throwing,
+                                       // fold system text into the next user turn like llama-server
+                                       // (joined with "\n"; a system turn not followed by a user turn
+                                       // becomes a user turn of its own)
+};
+
+std::string chat_family_name(ChatFamily f);                     // canonical name, "unknown" for Unknown
+ChatFamily chat_detect_family(const std::string& jinja_template); // Unknown if not recognized
+ChatFamily chat_family_from_name(const std::string& name);      // "chatml", "llama3.2", ...; throws Error
+std::vector<std::string> chat_family_names();                   // canonical names, for --help
+
+// Renders the prompt; throws Error where the real template raises, and for an empty conversation.
+std::string chat_render(ChatFamily f, const std::vector<ChatMessage>& msgs, const ChatOptions& opt);
+std::string chat_render(ChatFamily f, const std::vector<ChatMessage>& msgs, bool add_generation_prompt,
+                        const std::string& bos_token, const std::string& eos_token,
+                        const std::string& date_string);
 
 // ---- Model ---------------------------------------------------------------------------------
 enum class Arch { Llama, Qwen2, Qwen3, Gemma3, Qwen3Moe, Deepseek2 };
@@ -309,7 +525,47 @@ private:
 int physical_core_count();
 
 // ---- Evaluation: perplexity and KL divergence ----------------------------------------------
-#include "wip/eval_api.inc"
+// ---- Quality evaluation: perplexity and KL divergence ---------------------------------------
+// As llama.cpp's llama-perplexity: the text is tokenized once (with BOS if the model adds one), cut
+// into chunks of n_ctx tokens, and each chunk is evaluated from an empty cache with its first token
+// replaced by BOS (when the model adds one). Only the second half of a chunk is scored (positions
+// [n_ctx/2, n_ctx-1) predicting the next token), so every scored token has at least n_ctx/2 tokens of
+// context. With a base model, the same chunks also go through the base and each scored position
+// compares the two full-vocabulary distributions: KL(base || model) and whether the argmaxes agree
+// (llama-perplexity --kl-divergence, in one run with both models loaded).
+struct PerplexityParams {
+    int n_ctx = 512;     // tokens per chunk
+    int n_batch = 512;   // tokens per decode call
+    int n_chunks = -1;   // evaluate at most this many chunks (< 0: all that fit)
+    int n_threads = 0;   // 0 = physical cores
+};
+
+struct PerplexityResult {
+    double ppl = 0, ppl_err = 0;              // exp(mean NLL) and its standard error
+    int n_chunks = 0, n_scored = 0;           // chunks evaluated, positions scored
+    int n_ctx = 0, n_tokens = 0;              // chunk length; tokens in the whole text
+    bool has_kl = false;                      // a base model was given; the fields below are set
+    double base_ppl = 0, base_ppl_err = 0;    // the base model's perplexity on the same positions
+    double mean_kl = 0, mean_kl_err = 0, max_kl = 0;
+    double top1_agree = 0, top1_agree_err = 0;  // percent of positions where the argmaxes agree
+    double seconds = 0;                       // evaluation time (both models)
+};
+
+// Called after each chunk with the number of chunks done (1-based), the total, and the running PPL.
+using PerplexityProgress = std::function<void(int chunk, int n_chunks, double ppl_so_far)>;
+
+// Throws Error when the text has fewer than 2 * n_ctx tokens, when the model has no tokenizer (text
+// form), or when the base model's vocabulary differs from the model's.
+PerplexityResult evaluate_perplexity(const Model& model, const Model* base, const std::string& text,
+                                     const PerplexityParams& params = {}, const PerplexityProgress& progress = {});
+// Same on token ids (for models without a tokenizer); BOS handling as above.
+PerplexityResult evaluate_perplexity(const Model& model, const Model* base, const std::vector<int32_t>& tokens,
+                                     const PerplexityParams& params = {}, const PerplexityProgress& progress = {});
+
+// llama-perplexity's output: a progress callback printing "[1]12.3456,[2]11.9876,..." (newline after
+// the last chunk), and the final report ("Final estimate: PPL = X +/- Y", KL and top-1 lines).
+PerplexityProgress perplexity_progress_printer(FILE* out);
+void print_perplexity_report(const PerplexityResult& r, FILE* out);
 
 // ---- Memory planning -----------------------------------------------------------------------
 // What a deployment needs, computed from metadata alone (nothing is allocated): the calculator our
@@ -446,7 +702,7 @@ inline double now_seconds() {
 }
 
 // ============================================================================================
-// 4a. Block layouts (ggml's, byte for byte). QK_K-blocks are 256 values, the rest 32.
+// 3. Block layouts (ggml's, byte for byte). QK_K-blocks are 256 values, the rest 32.
 // ============================================================================================
 constexpr int QK4_0 = 32, QK4_1 = 32, QK5_0 = 32, QK5_1 = 32, QK8_0 = 32, QK8_1 = 32, QK4_NL = 32;
 constexpr int QK_K = 256, K_SCALE_SIZE = 12;
@@ -524,7 +780,7 @@ size_t row_bytes(Type t, int64_t n) {
 }
 
 // ============================================================================================
-// 3. GGUF
+// 4. GGUF reader
 // ============================================================================================
 // The file is: magic "GGUF", version, tensor count, kv count, kv pairs, tensor infos, padding to
 // general.alignment, tensor data. Every read goes through Cursor, which checks the bytes exist; every
@@ -843,15 +1099,4656 @@ std::unique_ptr<GGUF> gguf_parse_memory(const uint8_t* data, size_t size) {
     return g;
 }
 
-#include "wip/quants.inc"
-#include "wip/quantize.inc"
-#include "wip/gguf_writer.inc"
-#include "wip/quantize_mix.inc"
-#include "wip/tokenizer.inc"
-#include "wip/chat.inc"
+// ============================================================================================
+// 5. Quantized rows: dequantization, quantization (KV cache / activations), scalar dot products.
+//     Numerics follow ggml's CPU backend: dequantize_row_* and quantize_row_*_ref are reproduced
+//     operation for operation (bit-exact when compiled without FMA contraction, i.e. baseline
+//     x86-64 flags), and the scalar dot products follow ggml's *_generic versions.
+// ============================================================================================
+
+// K-quant weight quantizers (Q2_K..Q6_K) live with the model-writing code.
+void quantize_row_kquant(Type t, const float* src, void* dst, int64_t n);
+
+namespace qimpl {
+
+// ---- scale unpacking shared by dequantization, scalar and SIMD dot products ----------------
+
+// Q4_K / Q5_K: eight 6-bit scales and eight 6-bit mins packed into 12 bytes.
+inline void unpack_scale_min_k4(const uint8_t* q, uint8_t sc[8], uint8_t mn[8]) {
+    for (int j = 0; j < 8; j++) {
+        if (j < 4) {
+            sc[j] = q[j] & 63;
+            mn[j] = q[j + 4] & 63;
+        } else {
+            sc[j] = (uint8_t)((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
+            mn[j] = (uint8_t)((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
+        }
+    }
+}
+
+// Q3_K: sixteen 6-bit scales (stored with a +32 bias) packed into 12 bytes; returns them unbiased.
+inline void unpack_scales_q3k(const uint8_t* s, int8_t out[16]) {
+    for (int j = 0; j < 16; j++) {
+        int lo = (j < 8) ? (s[j] & 0xF) : (s[j - 8] >> 4);
+        int hi = (s[8 + (j & 3)] >> (2 * (j >> 2))) & 3;
+        out[j] = (int8_t)((lo | (hi << 4)) - 32);
+    }
+}
+
+// ---- dequantization (one block each) --------------------------------------------------------
+
+inline void deq_q4_0(const block_q4_0* x, float* y) {
+    const float d = fp16_to_fp32(x->d);
+    for (int j = 0; j < 16; j++) {
+        y[j] = ((x->qs[j] & 0x0F) - 8) * d;
+        y[j + 16] = ((x->qs[j] >> 4) - 8) * d;
+    }
+}
+inline void deq_q4_1(const block_q4_1* x, float* y) {
+    const float d = fp16_to_fp32(x->d), m = fp16_to_fp32(x->m);
+    for (int j = 0; j < 16; j++) {
+        y[j] = (x->qs[j] & 0x0F) * d + m;
+        y[j + 16] = (x->qs[j] >> 4) * d + m;
+    }
+}
+inline uint32_t load_u32(const uint8_t* p) { uint32_t v; memcpy(&v, p, 4); return v; }
+inline void deq_q5_0(const block_q5_0* x, float* y) {
+    const float d = fp16_to_fp32(x->d);
+    const uint32_t qh = load_u32(x->qh);
+    for (int j = 0; j < 16; j++) {
+        const int x0 = ((x->qs[j] & 0x0F) | (((qh >> j) << 4) & 0x10)) - 16;
+        const int x1 = ((x->qs[j] >> 4) | ((qh >> (j + 12)) & 0x10)) - 16;
+        y[j] = x0 * d;
+        y[j + 16] = x1 * d;
+    }
+}
+inline void deq_q5_1(const block_q5_1* x, float* y) {
+    const float d = fp16_to_fp32(x->d), m = fp16_to_fp32(x->m);
+    const uint32_t qh = load_u32(x->qh);
+    for (int j = 0; j < 16; j++) {
+        const int x0 = (x->qs[j] & 0x0F) | (((qh >> j) << 4) & 0x10);
+        const int x1 = (x->qs[j] >> 4) | ((qh >> (j + 12)) & 0x10);
+        y[j] = x0 * d + m;
+        y[j + 16] = x1 * d + m;
+    }
+}
+inline void deq_q8_0(const block_q8_0* x, float* y) {
+    const float d = fp16_to_fp32(x->d);
+    for (int j = 0; j < 32; j++) y[j] = x->qs[j] * d;
+}
+inline void deq_iq4_nl(const block_iq4_nl* x, float* y) {
+    const float d = fp16_to_fp32(x->d);
+    for (int j = 0; j < 16; j++) {
+        y[j] = d * kIQ4NLValues[x->qs[j] & 0xf];
+        y[j + 16] = d * kIQ4NLValues[x->qs[j] >> 4];
+    }
+}
+inline void deq_q2_K(const block_q2_K* x, float* y) {
+    const float d = fp16_to_fp32(x->d), mn = fp16_to_fp32(x->dmin);
+    const uint8_t* q = x->qs;
+    int is = 0;
+    for (int n = 0; n < QK_K; n += 128, q += 32) {
+        for (int shift = 0; shift < 8; shift += 2) {
+            for (int half = 0; half < 2; half++) {  // two 16-value sub-blocks with their own scale
+                const uint8_t sc = x->scales[is++];
+                const float dl = d * (sc & 0xF), ml = mn * (sc >> 4);
+                for (int l = 0; l < 16; l++) *y++ = dl * ((q[l + 16 * half] >> shift) & 3) - ml;
+            }
+        }
+    }
+}
+inline void deq_q3_K(const block_q3_K* x, float* y) {
+    const float d_all = fp16_to_fp32(x->d);
+    int8_t scales[16];
+    unpack_scales_q3k(x->scales, scales);
+    const uint8_t* q = x->qs;
+    uint8_t m = 1;
+    int is = 0;
+    for (int n = 0; n < QK_K; n += 128, q += 32) {
+        for (int shift = 0; shift < 8; shift += 2, m <<= 1) {
+            for (int half = 0; half < 2; half++) {
+                const float dl = d_all * scales[is++];
+                for (int l = 16 * half; l < 16 * half + 16; l++)
+                    *y++ = dl * ((int8_t)((q[l] >> shift) & 3) - ((x->hmask[l] & m) ? 0 : 4));
+            }
+        }
+    }
+}
+// Q4_K and Q5_K share everything but the fifth bit.
+template <bool HasHigh>
+inline void deq_q45_K(uint16_t dh, uint16_t dminh, const uint8_t* scales, const uint8_t* qh, const uint8_t* ql,
+                      float* y) {
+    const float d = fp16_to_fp32(dh), mn = fp16_to_fp32(dminh);
+    uint8_t sc[8], m[8];
+    unpack_scale_min_k4(scales, sc, m);
+    for (int j = 0; j < 4; j++, ql += 32) {
+        for (int half = 0; half < 2; half++) {
+            const int is = 2 * j + half;
+            const float d1 = d * sc[is], m1 = mn * m[is];
+            for (int l = 0; l < 32; l++) {
+                int q = half ? (ql[l] >> 4) : (ql[l] & 0xF);
+                if (HasHigh) q += (qh[l] & (1u << is)) ? 16 : 0;
+                *y++ = d1 * q - m1;
+            }
+        }
+    }
+}
+inline void deq_q4_K(const block_q4_K* x, float* y) { deq_q45_K<false>(x->d, x->dmin, x->scales, nullptr, x->qs, y); }
+inline void deq_q5_K(const block_q5_K* x, float* y) { deq_q45_K<true>(x->d, x->dmin, x->scales, x->qh, x->qs, y); }
+inline void deq_q6_K(const block_q6_K* x, float* y) {
+    const float d = fp16_to_fp32(x->d);
+    const uint8_t* ql = x->ql;
+    const uint8_t* qh = x->qh;
+    const int8_t* sc = x->scales;
+    for (int n = 0; n < QK_K; n += 128, y += 128, ql += 64, qh += 32, sc += 8) {
+        for (int l = 0; l < 32; l++) {
+            const int is = l / 16;
+            const int q1 = (int8_t)((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32;
+            const int q2 = (int8_t)((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
+            const int q3 = (int8_t)((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+            const int q4 = (int8_t)((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+            y[l] = d * sc[is] * q1;
+            y[l + 32] = d * sc[is + 2] * q2;
+            y[l + 64] = d * sc[is + 4] * q3;
+            y[l + 96] = d * sc[is + 6] * q4;
+        }
+    }
+}
+inline void deq_q8_K(const block_q8_K* x, float* y) {
+    for (int j = 0; j < QK_K; j++) y[j] = x->d * x->qs[j];
+}
+
+template <class B, int QK>
+inline void deq_row(void (*f)(const B*, float*), const void* src, float* dst, int64_t n) {
+    const B* x = (const B*)src;
+    for (int64_t i = 0; i < n / QK; i++) f(x + i, dst + i * QK);
+}
+
+// ---- quantization (ggml's reference quantizers) ----------------------------------------------
+
+// Round to nearest, ties to even, for |f| < 2^22 (ggml's nearest_int).
+inline int nearest_int(float f) {
+    float v = f + 12582912.f;
+    int i;
+    memcpy(&i, &v, 4);
+    return (i & 0x007fffff) - 0x00400000;
+}
+
+// Value with the largest magnitude (the first one on ties), as ggml's amax/max scan.
+inline float signed_absmax(const float* x, int n) {
+    float amax = 0, mx = 0;
+    for (int j = 0; j < n; j++)
+        if (amax < fabsf(x[j])) { amax = fabsf(x[j]); mx = x[j]; }
+    return mx;
+}
+
+// Q4_0 and Q5_0: symmetric, d = max / -(2^(bits-1)).
+template <int Bits>
+inline void quant_sym(const float* x, uint16_t* dh, uint8_t* qs, uint8_t* qh_out) {
+    constexpr int half = 1 << (Bits - 1), qmax = (1 << Bits) - 1;
+    const float d = signed_absmax(x, 32) / -half;
+    const float id = d ? 1.0f / d : 0.0f;
+    *dh = fp32_to_fp16(d);
+    uint32_t qh = 0;
+    for (int j = 0; j < 16; j++) {
+        const uint8_t xi0 = (uint8_t)std::min(qmax, (int)(int8_t)(x[j] * id + (half + 0.5f)));
+        const uint8_t xi1 = (uint8_t)std::min(qmax, (int)(int8_t)(x[j + 16] * id + (half + 0.5f)));
+        qs[j] = (uint8_t)((xi0 & 0x0F) | ((xi1 & 0x0F) << 4));
+        qh |= ((xi0 & 0x10u) >> 4) << j;
+        qh |= ((xi1 & 0x10u) >> 4) << (j + 16);
+    }
+    if (qh_out) memcpy(qh_out, &qh, 4);
+}
+
+// Q4_1 and Q5_1: affine, d = (max - min) / (2^bits - 1).
+template <int Bits>
+inline void quant_affine(const float* x, uint16_t* dh, uint16_t* mh, uint8_t* qs, uint8_t* qh_out) {
+    constexpr int qmax = (1 << Bits) - 1;
+    float mn = 3.402823466e+38f, mx = -3.402823466e+38f;
+    for (int j = 0; j < 32; j++) {
+        if (x[j] < mn) mn = x[j];
+        if (x[j] > mx) mx = x[j];
+    }
+    const float d = (mx - mn) / qmax;
+    const float id = d ? 1.0f / d : 0.0f;
+    *dh = fp32_to_fp16(d);
+    *mh = fp32_to_fp16(mn);
+    uint32_t qh = 0;
+    for (int j = 0; j < 16; j++) {
+        // ggml: MIN(15, (int8_t)v) for 4 bits, (uint8_t)v for 5 bits; identical for v in [0, 32).
+        const uint8_t xi0 = (uint8_t)std::min(qmax, (int)(uint8_t)((x[j] - mn) * id + 0.5f));
+        const uint8_t xi1 = (uint8_t)std::min(qmax, (int)(uint8_t)((x[j + 16] - mn) * id + 0.5f));
+        qs[j] = (uint8_t)((xi0 & 0x0F) | ((xi1 & 0x0F) << 4));
+        qh |= ((xi0 & 0x10u) >> 4) << j;
+        qh |= ((xi1 & 0x10u) >> 4) << (j + 16);
+    }
+    if (qh_out) memcpy(qh_out, &qh, 4);
+}
+
+// Q8_0 / Q8_1: returns the sum of the quants (for q8_1's s field). Two roundings exist in ggml and
+// both matter for matching it: model files use the reference quantizer (d = amax/127, id = 1/d,
+// round half away from zero); at run time (activations, KV cache) ggml's x86 code computes
+// id = 127/amax and rounds half to even. They differ in the last bit of id, which flips quants.
+enum class Q8Rounding { Reference, Runtime };
+inline int quant_q8(const float* x, uint16_t* dh, int8_t* qs, Q8Rounding mode, float* d_out = nullptr) {
+    float amax = 0;
+    for (int j = 0; j < 32; j++) amax = std::max(amax, fabsf(x[j]));
+    const float d = amax / 127;
+    float id;
+    if (mode == Q8Rounding::Reference) id = d ? 1.0f / d : 0.0f;
+    else id = amax != 0.0f ? 127.f / amax : 0.0f;
+    *dh = fp32_to_fp16(d);
+    if (d_out) *d_out = d;
+    int sum = 0;
+    for (int j = 0; j < 32; j++) {
+        qs[j] = (int8_t)(mode == Q8Rounding::Reference ? roundf(x[j] * id) : nearbyintf(x[j] * id));
+        sum += qs[j];
+    }
+    return sum;
+}
+
+inline void quant_q8_K(const float* x, block_q8_K* y) {
+    float amax = 0, mx = 0;
+    for (int j = 0; j < QK_K; j++)
+        if (fabsf(x[j]) > amax) { amax = fabsf(x[j]); mx = x[j]; }
+    if (!amax) {
+        memset(y, 0, sizeof *y);
+        return;
+    }
+    const float iscale = -127.f / mx;
+    for (int j = 0; j < QK_K; j++) y->qs[j] = (int8_t)std::min(127, nearest_int(iscale * x[j]));
+    for (int j = 0; j < QK_K / 16; j++) {
+        int sum = 0;
+        for (int i = 0; i < 16; i++) sum += y->qs[j * 16 + i];
+        y->bsums[j] = (int16_t)sum;
+    }
+    y->d = 1 / iscale;
+}
+
+inline int best_index_iq4nl(float x) {
+    const int8_t* v = kIQ4NLValues;
+    if (x <= v[0]) return 0;
+    if (x >= v[15]) return 15;
+    int lo = 0, hi = 15;
+    while (hi - lo > 1) {
+        int mid = (lo + hi) / 2;
+        if (x < v[mid]) hi = mid; else lo = mid;
+    }
+    return x - v[hi - 1] < v[hi] - x ? hi - 1 : hi;
+}
+
+// ggml's quantize_row_iq4_nl_ref: quantize_row_iq4_nl_impl(32, 32, ..., no imatrix, ntry = -1),
+// i.e. one least-squares scale refit with weights x^2 and no scale search.
+inline void quant_iq4_nl(const float* x, block_iq4_nl* y) {
+    uint8_t L[32] = {};
+    float amax = 0, mx = 0;
+    for (int j = 0; j < 32; j++)
+        if (fabsf(x[j]) > amax) { amax = fabsf(x[j]); mx = x[j]; }
+    float d = 0;
+    if (amax >= 1e-15f) {  // ggml's GROUP_MAX_EPS; below it the block is stored as zero
+        d = mx / kIQ4NLValues[0];
+        const float id = 1 / d;
+        float sumqx = 0, sumq2 = 0;
+        for (int j = 0; j < 32; j++) {
+            const int l = best_index_iq4nl(id * x[j]);
+            L[j] = (uint8_t)l;
+            const float q = kIQ4NLValues[l], w = x[j] * x[j];
+            sumqx += w * q * x[j];
+            sumq2 += w * q * q;
+        }
+        d = sumqx / sumq2;
+    }
+    y->d = fp32_to_fp16(d);
+    for (int j = 0; j < 16; j++) y->qs[j] = (uint8_t)(L[j] | (L[16 + j] << 4));
+}
+
+// ---- scalar dot products (ggml's *_generic) ---------------------------------------------------
+
+inline float dot_f32(int64_t n, const void* vx, const void* vy) {
+    const float* x = (const float*)vx;
+    const float* y = (const float*)vy;
+    double s = 0;
+    for (int64_t i = 0; i < n; i++) s += (double)(x[i] * y[i]);
+    return (float)s;
+}
+template <float (*Cvt)(uint16_t)>
+inline float dot_half(int64_t n, const void* vx, const void* vy) {
+    const uint16_t* x = (const uint16_t*)vx;
+    const uint16_t* y = (const uint16_t*)vy;
+    double s = 0;
+    for (int64_t i = 0; i < n; i++) s += (double)(Cvt(x[i]) * Cvt(y[i]));
+    return (float)s;
+}
+
+inline float dot_q4_0(int64_t n, const void* vx, const void* vy) {
+    const block_q4_0* x = (const block_q4_0*)vx;
+    const block_q8_0* y = (const block_q8_0*)vy;
+    float sumf = 0;
+    for (int64_t i = 0; i < n / 32; i++) {
+        int s0 = 0, s1 = 0;
+        for (int j = 0; j < 16; j++) {
+            s0 += ((x[i].qs[j] & 0x0F) - 8) * y[i].qs[j];
+            s1 += ((x[i].qs[j] >> 4) - 8) * y[i].qs[j + 16];
+        }
+        sumf += (s0 + s1) * fp16_to_fp32(x[i].d) * fp16_to_fp32(y[i].d);
+    }
+    return sumf;
+}
+inline float dot_q4_1(int64_t n, const void* vx, const void* vy) {
+    const block_q4_1* x = (const block_q4_1*)vx;
+    const block_q8_1* y = (const block_q8_1*)vy;
+    float sumf = 0;
+    for (int64_t i = 0; i < n / 32; i++) {
+        int s0 = 0, s1 = 0;
+        for (int j = 0; j < 16; j++) {
+            s0 += (x[i].qs[j] & 0x0F) * y[i].qs[j];
+            s1 += (x[i].qs[j] >> 4) * y[i].qs[j + 16];
+        }
+        sumf += (fp16_to_fp32(x[i].d) * fp16_to_fp32(y[i].d)) * (s0 + s1) +
+                fp16_to_fp32(x[i].m) * fp16_to_fp32(y[i].s);
+    }
+    return sumf;
+}
+inline float dot_q5_0(int64_t n, const void* vx, const void* vy) {
+    const block_q5_0* x = (const block_q5_0*)vx;
+    const block_q8_0* y = (const block_q8_0*)vy;
+    float sumf = 0;
+    for (int64_t i = 0; i < n / 32; i++) {
+        const uint32_t qh = load_u32(x[i].qh);
+        int s0 = 0, s1 = 0;
+        for (int j = 0; j < 16; j++) {
+            const int x0 = (int8_t)(((x[i].qs[j] & 0x0F) | (((qh >> j) & 1) << 4)) - 16);
+            const int x1 = (int8_t)(((x[i].qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4)) - 16);
+            s0 += x0 * y[i].qs[j];
+            s1 += x1 * y[i].qs[j + 16];
+        }
+        sumf += (fp16_to_fp32(x[i].d) * fp16_to_fp32(y[i].d)) * (s0 + s1);
+    }
+    return sumf;
+}
+inline float dot_q5_1(int64_t n, const void* vx, const void* vy) {
+    const block_q5_1* x = (const block_q5_1*)vx;
+    const block_q8_1* y = (const block_q8_1*)vy;
+    float sumf = 0;
+    for (int64_t i = 0; i < n / 32; i++) {
+        const uint32_t qh = load_u32(x[i].qh);
+        int s0 = 0, s1 = 0;
+        for (int j = 0; j < 16; j++) {
+            const int x0 = (x[i].qs[j] & 0xF) | (((qh >> j) & 1) << 4);
+            const int x1 = (x[i].qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4);
+            s0 += x0 * y[i].qs[j];
+            s1 += x1 * y[i].qs[j + 16];
+        }
+        sumf += (fp16_to_fp32(x[i].d) * fp16_to_fp32(y[i].d)) * (s0 + s1) +
+                fp16_to_fp32(x[i].m) * fp16_to_fp32(y[i].s);
+    }
+    return sumf;
+}
+inline float dot_q8_0(int64_t n, const void* vx, const void* vy) {
+    const block_q8_0* x = (const block_q8_0*)vx;
+    const block_q8_0* y = (const block_q8_0*)vy;
+    float sumf = 0;
+    for (int64_t i = 0; i < n / 32; i++) {
+        int s = 0;
+        for (int j = 0; j < 32; j++) s += x[i].qs[j] * y[i].qs[j];
+        sumf += s * (fp16_to_fp32(x[i].d) * fp16_to_fp32(y[i].d));
+    }
+    return sumf;
+}
+inline float dot_iq4_nl(int64_t n, const void* vx, const void* vy) {
+    const block_iq4_nl* x = (const block_iq4_nl*)vx;
+    const block_q8_0* y = (const block_q8_0*)vy;
+    float sumf = 0;
+    for (int64_t i = 0; i < n / 32; i++) {
+        const float d = fp16_to_fp32(y[i].d) * fp16_to_fp32(x[i].d);
+        int s1 = 0, s2 = 0;
+        for (int j = 0; j < 16; j++) {
+            s1 += y[i].qs[j] * kIQ4NLValues[x[i].qs[j] & 0xf];
+            s2 += y[i].qs[j + 16] * kIQ4NLValues[x[i].qs[j] >> 4];
+        }
+        sumf += d * (s1 + s2);
+    }
+    return sumf;
+}
+inline float dot_q2_K(int64_t n, const void* vx, const void* vy) {
+    const block_q2_K* x = (const block_q2_K*)vx;
+    const block_q8_K* y = (const block_q8_K*)vy;
+    float sumf = 0;
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        const uint8_t* q2 = x[i].qs;
+        const int8_t* q8 = y[i].qs;
+        const uint8_t* sc = x[i].scales;
+        int summs = 0;
+        for (int j = 0; j < 16; j++) summs += y[i].bsums[j] * (sc[j] >> 4);
+        const float dall = y[i].d * fp16_to_fp32(x[i].d);
+        const float dmin = y[i].d * fp16_to_fp32(x[i].dmin);
+        int isum = 0, is = 0;
+        for (int k = 0; k < QK_K / 128; k++, q2 += 32) {
+            for (int shift = 0; shift < 8; shift += 2, q8 += 32) {
+                for (int half = 0; half < 2; half++) {
+                    const int d = sc[is++] & 0xF;
+                    int isuml = 0;
+                    for (int l = 16 * half; l < 16 * half + 16; l++) isuml += q8[l] * ((q2[l] >> shift) & 3);
+                    isum += d * isuml;
+                }
+            }
+        }
+        sumf += dall * isum - dmin * summs;
+    }
+    return sumf;
+}
+
+// Q3_K..Q6_K generic versions share a shape: expand the block to int8 values a[256], accumulate
+// scale * q8 * a in eight int32 lanes per 16-value sub-block, then combine in float.
+// `expand` writes a[256] and the 16 per-16-value scales; Mins (Q4_K/Q5_K) also gives the 8 mins.
+template <class Block, bool Mins, class Expand>
+inline float dot_kquant_generic(int64_t n, const void* vx, const void* vy, Expand expand) {
+    const Block* x = (const Block*)vx;
+    const block_q8_K* y = (const block_q8_K*)vy;
+    float sums[8] = {};
+    float sumf = 0;
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        int8_t a[QK_K];
+        int scales[16];
+        uint8_t mins[8] = {};
+        expand(x[i], a, scales, mins);
+        const int8_t* q8 = y[i].qs;
+        int32_t aux32[8] = {};
+        for (int j = 0; j < 16; j++) {
+            for (int h = 0; h < 2; h++) {
+                for (int l = 0; l < 8; l++) {
+                    const int16_t aux16 = (int16_t)(q8[16 * j + 8 * h + l] * a[16 * j + 8 * h + l]);
+                    aux32[l] += scales[j] * aux16;
+                }
+            }
+        }
+        const float d = fp16_to_fp32(x[i].d) * y[i].d;
+        for (int l = 0; l < 8; l++) sums[l] += d * aux32[l];
+        if constexpr (Mins) {
+            int sumi = 0;
+            for (int j = 0; j < 16; j++) sumi += y[i].bsums[j] * mins[j / 2];
+            const float dmin = fp16_to_fp32(x[i].dmin) * y[i].d;
+            sumf -= dmin * sumi;
+        }
+    }
+    for (int l = 0; l < 8; l++) sumf += sums[l];
+    return sumf;
+}
+template <class Block>
+inline float dot_q45_K(int64_t n, const void* vx, const void* vy) {
+    return dot_kquant_generic<Block, true>(n, vx, vy, [](const Block& b, int8_t* a, int* scales, uint8_t* mins) {
+        uint8_t sc[8];
+        unpack_scale_min_k4(b.scales, sc, mins);
+        for (int j = 0; j < 16; j++) scales[j] = sc[j / 2];
+        for (int e = 0; e < QK_K; e++) {
+            const int sub = e / 32;
+            const uint8_t byte = b.qs[32 * (sub / 2) + e % 32];
+            int q = (sub & 1) ? (byte >> 4) : (byte & 0xF);
+            if constexpr (std::is_same<Block, block_q5_K>::value) q += (b.qh[e % 32] >> sub & 1) ? 16 : 0;
+            a[e] = (int8_t)q;
+        }
+    });
+}
+inline float dot_q3_K(int64_t n, const void* vx, const void* vy) {
+    return dot_kquant_generic<block_q3_K, false>(n, vx, vy, [](const block_q3_K& b, int8_t* a, int* scales, uint8_t*) {
+        int8_t sc[16];
+        unpack_scales_q3k(b.scales, sc);
+        for (int j = 0; j < 16; j++) scales[j] = sc[j];
+        for (int e = 0; e < QK_K; e++) {
+            const int sub = e / 32, l = e % 32;  // 32-value group: bits 2*(sub%4) of qs[32*(sub/4)+l]
+            const int q = (b.qs[32 * (sub / 4) + l] >> (2 * (sub % 4))) & 3;
+            a[e] = (int8_t)(q - ((b.hmask[l] >> sub & 1) ? 0 : 4));
+        }
+    });
+}
+inline float dot_q6_K(int64_t n, const void* vx, const void* vy) {
+    return dot_kquant_generic<block_q6_K, false>(n, vx, vy, [](const block_q6_K& b, int8_t* a, int* scales, uint8_t*) {
+        for (int j = 0; j < 16; j++) scales[j] = b.scales[j];
+        for (int e = 0; e < QK_K; e++) {
+            const int chunk = e / 128, sub = (e % 128) / 32, l = e % 32;
+            const uint8_t lo = b.ql[64 * chunk + l + 32 * (sub & 1)];
+            const int q4 = (sub & 2) ? (lo >> 4) : (lo & 0xF);
+            const int q2 = (b.qh[32 * chunk + l] >> (2 * sub)) & 3;
+            a[e] = (int8_t)((q4 | (q2 << 4)) - 32);
+        }
+    });
+}
+
+} // namespace qimpl
+
+// ---- public entry points -------------------------------------------------------------------
+
+static void check_row(Type t, int64_t n, const char* what) {
+    const int bs = type_info(t).block_size;
+    if (n < 0 || n % bs != 0) fail("%s: row of %lld values is not a multiple of the %s block size %d", what, (long long)n,
+                                   type_info(t).name, bs);
+}
+
+void dequantize_row(Type t, const void* src, float* dst, int64_t n) {
+    using namespace qimpl;
+    check_row(t, n, "dequantize_row");
+    switch (t) {
+    case Type::F32: memcpy(dst, src, (size_t)n * 4); return;
+    case Type::F16: for (int64_t i = 0; i < n; i++) dst[i] = fp16_to_fp32(((const uint16_t*)src)[i]); return;
+    case Type::BF16: for (int64_t i = 0; i < n; i++) dst[i] = bf16_to_fp32(((const uint16_t*)src)[i]); return;
+    case Type::Q4_0: return deq_row<block_q4_0, 32>(deq_q4_0, src, dst, n);
+    case Type::Q4_1: return deq_row<block_q4_1, 32>(deq_q4_1, src, dst, n);
+    case Type::Q5_0: return deq_row<block_q5_0, 32>(deq_q5_0, src, dst, n);
+    case Type::Q5_1: return deq_row<block_q5_1, 32>(deq_q5_1, src, dst, n);
+    case Type::Q8_0: return deq_row<block_q8_0, 32>(deq_q8_0, src, dst, n);
+    case Type::IQ4_NL: return deq_row<block_iq4_nl, 32>(deq_iq4_nl, src, dst, n);
+    case Type::Q2_K: return deq_row<block_q2_K, QK_K>(deq_q2_K, src, dst, n);
+    case Type::Q3_K: return deq_row<block_q3_K, QK_K>(deq_q3_K, src, dst, n);
+    case Type::Q4_K: return deq_row<block_q4_K, QK_K>(deq_q4_K, src, dst, n);
+    case Type::Q5_K: return deq_row<block_q5_K, QK_K>(deq_q5_K, src, dst, n);
+    case Type::Q6_K: return deq_row<block_q6_K, QK_K>(deq_q6_K, src, dst, n);
+    case Type::Q8_K: return deq_row<block_q8_K, QK_K>(deq_q8_K, src, dst, n);
+    default: fail("dequantize_row: type %s not supported", type_info(t).name);
+    }
+}
+
+namespace qimpl {
+bool quantize_act_simd(Type t, const float* src, void* dst, int64_t n);  // section 5
+}
+
+void quantize_row(Type t, const float* src, void* dst, int64_t n) {
+    using namespace qimpl;
+    check_row(t, n, "quantize_row");
+    if (quantize_act_simd(t, src, dst, n)) return;
+    const int64_t nb32 = n / 32;
+    switch (t) {
+    case Type::F32: memcpy(dst, src, (size_t)n * 4); return;
+    case Type::F16: for (int64_t i = 0; i < n; i++) ((uint16_t*)dst)[i] = fp32_to_fp16(src[i]); return;
+    case Type::BF16: for (int64_t i = 0; i < n; i++) ((uint16_t*)dst)[i] = fp32_to_bf16(src[i]); return;
+    case Type::Q4_0:
+        for (int64_t i = 0; i < nb32; i++) {
+            block_q4_0& y = ((block_q4_0*)dst)[i];
+            quant_sym<4>(src + 32 * i, &y.d, y.qs, nullptr);
+        }
+        return;
+    case Type::Q5_0:
+        for (int64_t i = 0; i < nb32; i++) {
+            block_q5_0& y = ((block_q5_0*)dst)[i];
+            quant_sym<5>(src + 32 * i, &y.d, y.qs, y.qh);
+        }
+        return;
+    case Type::Q4_1:
+        for (int64_t i = 0; i < nb32; i++) {
+            block_q4_1& y = ((block_q4_1*)dst)[i];
+            quant_affine<4>(src + 32 * i, &y.d, &y.m, y.qs, nullptr);
+        }
+        return;
+    case Type::Q5_1:
+        for (int64_t i = 0; i < nb32; i++) {
+            block_q5_1& y = ((block_q5_1*)dst)[i];
+            quant_affine<5>(src + 32 * i, &y.d, &y.m, y.qs, y.qh);
+        }
+        return;
+    case Type::Q8_0:
+        for (int64_t i = 0; i < nb32; i++) {
+            block_q8_0& y = ((block_q8_0*)dst)[i];
+            quant_q8(src + 32 * i, &y.d, y.qs, Q8Rounding::Runtime);
+        }
+        return;
+    case Type::Q8_1:
+        for (int64_t i = 0; i < nb32; i++) {
+            block_q8_1& y = ((block_q8_1*)dst)[i];
+            float d;
+            const int sum = quant_q8(src + 32 * i, &y.d, y.qs, Q8Rounding::Runtime, &d);
+            // s = d * sum, clamped to the fp16 range as current ggml does so it stays finite
+            y.s = fp32_to_fp16(std::min(65504.0f, std::max(-65504.0f, sum * d)));
+        }
+        return;
+    case Type::IQ4_NL:
+        for (int64_t i = 0; i < nb32; i++) quant_iq4_nl(src + 32 * i, (block_iq4_nl*)dst + i);
+        return;
+    case Type::Q8_K:
+        for (int64_t i = 0; i < n / QK_K; i++) quant_q8_K(src + QK_K * i, (block_q8_K*)dst + i);
+        return;
+    default: quantize_row_kquant(t, src, dst, n); return;
+    }
+}
+
+// Q8_0 as model files hold it (the reference rounding; see quant_q8).
+void quantize_row_q8_0_reference(const float* src, void* dst, int64_t n) {
+    if (n % QK8_0) fail("quantize: row length %lld is not a multiple of %d for q8_0", (long long)n, QK8_0);
+    for (int64_t i = 0; i < n / QK8_0; i++) {
+        block_q8_0& y = ((block_q8_0*)dst)[i];
+        qimpl::quant_q8(src + QK8_0 * i, &y.d, y.qs, qimpl::Q8Rounding::Reference);
+    }
+}
+
+Type vec_dot_type(Type weight) {
+    switch (weight) {
+    case Type::F32: case Type::F16: case Type::BF16: return weight;
+    case Type::Q4_0: case Type::Q5_0: case Type::Q8_0: case Type::IQ4_NL: return Type::Q8_0;
+    case Type::Q4_1: case Type::Q5_1: return Type::Q8_1;
+    case Type::Q2_K: case Type::Q3_K: case Type::Q4_K: case Type::Q5_K: case Type::Q6_K: return Type::Q8_K;
+    default: fail("no dot product for weight type %s", type_info(weight).name);
+    }
+}
 
 // ============================================================================================
-// 6. Thread pool
+// 6. SIMD kernels: CPU features and run-time dispatch (XCR0-checked), AVX2 / AVX-512 dot products
+//
+// The library is built for baseline x86-64; every SIMD function carries a target attribute and is
+// only called after cpuid + xgetbv say the CPU and OS support it. The kernels are written once,
+// as always-inline AVX2 templates, and instantiated inside three wrappers: AVX2, AVX-512 (same
+// 256-bit code, but the compiler may use 32 registers and EVEX encodings) and AVX-512 VNNI
+// (byte dot products via vpdpbusd). Needs <immintrin.h> included at global scope.
+// ============================================================================================
+
+
+#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
+#define LLM_X86 1
+#endif
+
+namespace qimpl {
+
+struct CpuFeatures {
+    bool avx2 = false;     // AVX2 + FMA + F16C, OS saves YMM state
+    bool avx512 = false;   // AVX-512 F/BW/VL/DQ, OS saves ZMM state
+    bool vnni = false;     // AVX-512 VNNI
+};
+
+inline CpuFeatures detect_cpu() {
+    CpuFeatures f;
+#ifdef LLM_X86
+    auto cpuid = [](uint32_t leaf, uint32_t sub, uint32_t r[4]) {
+        __asm__ __volatile__("cpuid" : "=a"(r[0]), "=b"(r[1]), "=c"(r[2]), "=d"(r[3]) : "a"(leaf), "c"(sub));
+    };
+    uint32_t r[4];
+    cpuid(0, 0, r);
+    const uint32_t max_leaf = r[0];
+    if (max_leaf < 7) return f;
+    cpuid(1, 0, r);
+    const bool osxsave = r[2] >> 27 & 1, avx = r[2] >> 28 & 1, fma = r[2] >> 12 & 1, f16c = r[2] >> 29 & 1;
+    if (!osxsave || !avx) return f;
+    uint32_t lo, hi;
+    __asm__ __volatile__("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    const uint64_t xcr0 = ((uint64_t)hi << 32) | lo;
+    const bool os_ymm = (xcr0 & 0x6) == 0x6;     // SSE + AVX state
+    const bool os_zmm = (xcr0 & 0xE6) == 0xE6;   // + opmask, ZMM_Hi256, Hi16_ZMM
+    cpuid(7, 0, r);
+    const uint32_t b = r[1], c = r[2];
+    f.avx2 = os_ymm && fma && f16c && (b >> 5 & 1);
+    f.avx512 = f.avx2 && os_zmm && (b >> 16 & 1) && (b >> 17 & 1) && (b >> 30 & 1) && (b >> 31 & 1);
+    f.vnni = f.avx512 && (c >> 11 & 1);
+#endif
+    return f;
+}
+
+inline const CpuFeatures& cpu() {
+    static const CpuFeatures f = detect_cpu();
+    return f;
+}
+
+using DotFn = float (*)(int64_t n, const void* x, const void* y);
+
+inline DotFn scalar_dot(Type t) {
+    switch (t) {
+    case Type::F32: return dot_f32;
+    case Type::F16: return dot_half<fp16_to_fp32>;
+    case Type::BF16: return dot_half<bf16_to_fp32>;
+    case Type::Q4_0: return dot_q4_0;
+    case Type::Q4_1: return dot_q4_1;
+    case Type::Q5_0: return dot_q5_0;
+    case Type::Q5_1: return dot_q5_1;
+    case Type::Q8_0: return dot_q8_0;
+    case Type::IQ4_NL: return dot_iq4_nl;
+    case Type::Q2_K: return dot_q2_K;
+    case Type::Q3_K: return dot_q3_K;
+    case Type::Q4_K: return dot_q45_K<block_q4_K>;
+    case Type::Q5_K: return dot_q45_K<block_q5_K>;
+    case Type::Q6_K: return dot_q6_K;
+    default: fail("no dot product for weight type %s", type_info(t).name);
+    }
+}
+
+// A tile kernel computes out[c*ld] = dot(the weight row W, column c of A) for NC activation columns.
+// For q8_0 / q8_1 activations, S holds each column's block scales as floats (S + c*s_stride: the nb
+// values of d, then for q8_1 the nb values of s), converted once per matmul instead of per row.
+using TileFn = void (*)(int64_t n, const uint8_t* W, const uint8_t* A, size_t a_stride, const float* S, int64_t s_stride,
+                        float* out, int64_t ld);
+constexpr int kTileWidths[] = {1, 2, 4, 8};  // NC of tile[type][0..3]
+struct IsaKernels {
+    TileFn tile[kTypeCount][4] = {};
+};
+
+#ifdef LLM_X86
+#define LLM_AVX2_FN __attribute__((target("avx2,fma,f16c")))
+#define LLM_AVX2_INLINE __attribute__((target("avx2,fma,f16c"), always_inline)) inline
+#define LLM_AVX512_FN __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq")))
+#define LLM_AVX512VNNI_FN __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
+
+// Sum of unsigned bytes a times signed bytes b, in groups of four, into eight int32 lanes.
+// madd_add: acc + pairwise sums of int16 a times int16 b, into eight int32 lanes.
+struct OpsAVX2 {
+    static LLM_AVX2_INLINE __m256i dot_us(__m256i a, __m256i b) {
+        return _mm256_madd_epi16(_mm256_maddubs_epi16(a, b), _mm256_set1_epi16(1));
+    }
+    static LLM_AVX2_INLINE __m256i madd_add(__m256i acc, __m256i a, __m256i b) {
+        return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b));
+    }
+};
+struct OpsVNNI {
+    // Not always_inline: they become inlinable only once the AVX2 kernel around them has been
+    // inlined into the VNNI wrapper.
+    static inline LLM_AVX512VNNI_FN __m256i dot_us(__m256i a, __m256i b) {
+        return _mm256_dpbusd_epi32(_mm256_setzero_si256(), a, b);
+    }
+    static inline LLM_AVX512VNNI_FN __m256i madd_add(__m256i acc, __m256i a, __m256i b) {
+        return _mm256_dpwssd_epi32(acc, a, b);
+    }
+};
+
+LLM_AVX2_INLINE float h2f(uint16_t h) { return _cvtsh_ss(h); }
+
+LLM_AVX2_INLINE float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+// Signed x signed byte dot: move x's sign onto y so the unsigned x signed instruction applies.
+template <class Ops>
+LLM_AVX2_INLINE __m256i dot_ss(__m256i x, __m256i y) {
+    return Ops::dot_us(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x));
+}
+
+// 16 bytes of nibbles -> 32 bytes: low nibbles (values 0..15) first, then high nibbles.
+LLM_AVX2_INLINE __m256i nibbles32(const uint8_t* qs) {
+    const __m128i t = _mm_loadu_si128((const __m128i*)qs);
+    return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(t, 4), t), _mm256_set1_epi8(0x0F));
+}
+
+// 32 bits -> 32 bytes, 0xFF where the bit is set.
+LLM_AVX2_INLINE __m256i bits32(const uint8_t* p) {
+    const __m256i shuf = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
+    __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32((int)load_u32(p)), shuf);
+    bytes = _mm256_or_si256(bytes, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe));
+    return _mm256_cmpeq_epi8(bytes, _mm256_set1_epi64x(-1));
+}
+
+LLM_AVX2_INLINE __m256i load256(const void* p) { return _mm256_loadu_si256((const __m256i*)p); }
+
+// ---- per-type kernels ------------------------------------------------------------------------
+// Every weight type K supplies
+//   D decode(const X* x)                     the weight block unpacked into registers
+//   dot<Ops>(d, y, s, nb, acc, macc)         acc (8 lanes) += (block) . (activation block y); s:
+//                                            the column's float scales at this block (q8_0/q8_1
+//                                            activations only), macc: a scalar side sum (min terms)
+// so that a tile unpacks each weight block once and reuses it for all its activation columns.
+// The per-(row, column) arithmetic does not depend on the tile width, so every tile gives the
+// bit-identical result of vec_dot.
+
+struct NoTail {
+    static constexpr bool kActScales = false;  // reads the float scales S (q8_0 / q8_1 activations)
+    static float tail(const uint8_t*, const uint8_t*, int64_t, int64_t) { return 0; }
+};
+
+// 32-value blocks (Q4_0 .. IQ4_NL): the quants become 32 bytes. Signed types keep |q| and q (whose
+// signs are moved onto the activations); affine types (Q4_1, Q5_1) keep unsigned q and a min.
+template <class B, class Act, bool Affine>
+struct K32 : NoTail {
+    using X = B; using Y = Act; static constexpr int kBlock = 32;
+    static constexpr bool kActScales = true;
+    struct D { __m256i q, sign; __m256 d; float m; };  // d: the block scale in every lane
+    static LLM_AVX2_INLINE D signed_block(__m256i q, uint16_t d) {
+        return {_mm256_sign_epi8(q, q), q, _mm256_set1_ps(h2f(d)), 0.0f};
+    }
+    static LLM_AVX2_INLINE D affine_block(__m256i q, uint16_t d, uint16_t m) {
+        return {q, _mm256_setzero_si256(), _mm256_set1_ps(h2f(d)), h2f(m)};
+    }
+    // s: this column's scales at this block (s[0] = d, s[nb] = s of q8_1); the min terms m * s go to
+    // their own scalar sum. The rounding steps are ggml's (d_x * d_y first), which the golden
+    // tests see: a last-bit difference here flips later activation quants.
+    template <class Ops>
+    static LLM_AVX2_INLINE void dot(const D& d, const Y* y, const float* s, int64_t nb, __m256& acc, float& macc) {
+        __m256i p;
+        if constexpr (Affine) p = Ops::dot_us(d.q, load256(y->qs));
+        else p = Ops::dot_us(d.q, _mm256_sign_epi8(load256(y->qs), d.sign));
+        // d_x * d_y as a vector product (the same rounding as the scalar one, no shuffle needed)
+        acc = _mm256_fmadd_ps(_mm256_mul_ps(d.d, _mm256_broadcast_ss(s)), _mm256_cvtepi32_ps(p), acc);
+        if constexpr (Affine) macc += d.m * s[nb];
+    }
+};
+struct K_q4_0 : K32<block_q4_0, block_q8_0, false> {
+    static LLM_AVX2_INLINE D decode(const X* x) {
+        return signed_block(_mm256_sub_epi8(nibbles32(x->qs), _mm256_set1_epi8(8)), x->d);
+    }
+};
+struct K_q4_1 : K32<block_q4_1, block_q8_1, true> {
+    static LLM_AVX2_INLINE D decode(const X* x) { return affine_block(nibbles32(x->qs), x->d, x->m); }
+};
+struct K_q5_0 : K32<block_q5_0, block_q8_0, false> {
+    static LLM_AVX2_INLINE D decode(const X* x) {
+        // a clear fifth bit means value - 16 < 0: set the byte's high nibble to make it negative
+        const __m256i hi = _mm256_andnot_si256(bits32(x->qh), _mm256_set1_epi8((char)0xF0));
+        return signed_block(_mm256_or_si256(nibbles32(x->qs), hi), x->d);
+    }
+};
+struct K_q5_1 : K32<block_q5_1, block_q8_1, true> {
+    static LLM_AVX2_INLINE D decode(const X* x) {
+        const __m256i hi = _mm256_and_si256(bits32(x->qh), _mm256_set1_epi8(0x10));
+        return affine_block(_mm256_or_si256(nibbles32(x->qs), hi), x->d, x->m);
+    }
+};
+struct K_q8_0 : K32<block_q8_0, block_q8_0, false> {
+    static LLM_AVX2_INLINE D decode(const X* x) { return signed_block(load256(x->qs), x->d); }
+};
+struct K_iq4_nl : K32<block_iq4_nl, block_q8_0, false> {
+    static LLM_AVX2_INLINE D decode(const X* x) {
+        const __m128i values = _mm_loadu_si128((const __m128i*)kIQ4NLValues);
+        const __m128i q4 = _mm_loadu_si128((const __m128i*)x->qs), m4 = _mm_set1_epi8(0x0F);
+        const __m256i q = _mm256_set_m128i(_mm_shuffle_epi8(values, _mm_and_si128(_mm_srli_epi16(q4, 4), m4)),
+                                           _mm_shuffle_epi8(values, _mm_and_si128(q4, m4)));
+        return signed_block(q, x->d);
+    }
+};
+
+// K-quants: a block unpacks to eight vectors of 32 unsigned quants (values 32k..32k+31), eight
+// vectors of int16 scales (one scale per 16-value half), and 16 int16 "mins" that multiply the q8_K
+// block's 16-value sums (bsums). The mins either are subtracted in float with their own factor
+// (Q2_K, Q4_K, Q5_K: dmin) or, for types stored with an offset (Q3_K +4, Q6_K +32), are the scales
+// themselves and come off the integer sum shifted by log2(offset).
+struct DK {
+    __m256i q[8], sc[8], mins;
+    __m256 vd, vdmin;  // d and dmin in every lane
+};
+LLM_AVX2_INLINE __m256i shr_mask(__m256i v, int shift, char mask) {
+    return _mm256_and_si256(_mm256_srli_epi16(v, shift), _mm256_set1_epi8(mask));
+}
+// Scales from 16 int16 values, one per 16-value half.
+LLM_AVX2_INLINE void scales16(DK& d, const int16_t* sc16) {
+    for (int k = 0; k < 8; k++) d.sc[k] = _mm256_set_m128i(_mm_set1_epi16(sc16[2 * k + 1]), _mm_set1_epi16(sc16[2 * k]));
+}
+
+template <int OffsetShift>  // 0: float mins; else the integer offset 2^OffsetShift
+struct KQuant : NoTail {
+    using Y = block_q8_K; static constexpr int kBlock = QK_K;
+    using D = DK;
+    template <class Ops>
+    static LLM_AVX2_INLINE void dot(const D& d, const Y* y, const float*, int64_t, __m256& acc, float&) {
+        __m256i sumi = _mm256_setzero_si256();
+#pragma GCC unroll 8
+        for (int k = 0; k < 8; k++) sumi = Ops::madd_add(sumi, d.sc[k], _mm256_maddubs_epi16(d.q[k], load256(y->qs + 32 * k)));
+        const __m256i mins = _mm256_madd_epi16(d.mins, load256(y->bsums));
+        // y->d * d.d as a vector product of a memory broadcast and the block's scale in every
+        // lane: the same rounding as the scalar product, without a scalar multiply and a
+        // register broadcast per column.
+        const __m256 yd = _mm256_broadcast_ss(&y->d);
+        if constexpr (OffsetShift) {
+            sumi = _mm256_sub_epi32(sumi, _mm256_slli_epi32(mins, OffsetShift));
+            acc = _mm256_fmadd_ps(_mm256_mul_ps(yd, d.vd), _mm256_cvtepi32_ps(sumi), acc);
+        } else {
+            acc = _mm256_fmadd_ps(_mm256_mul_ps(yd, d.vd), _mm256_cvtepi32_ps(sumi), acc);
+            acc = _mm256_fnmadd_ps(_mm256_mul_ps(yd, d.vdmin), _mm256_cvtepi32_ps(mins), acc);
+        }
+    }
+};
+
+struct K_q2_K : KQuant<0> {
+    using X = block_q2_K;
+    static LLM_AVX2_INLINE D decode(const X* x) {
+        D d;
+#pragma GCC unroll 8
+        for (int k = 0; k < 8; k++) d.q[k] = shr_mask(load256(x->qs + 32 * (k / 4)), 2 * (k % 4), 3);
+        const __m128i s = _mm_loadu_si128((const __m128i*)x->scales), m4 = _mm_set1_epi8(0x0F);
+        alignas(16) int16_t sc16[16];
+        _mm256_store_si256((__m256i*)sc16, _mm256_cvtepu8_epi16(_mm_and_si128(s, m4)));
+        scales16(d, sc16);
+        d.mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(s, 4), m4));
+        d.vd = _mm256_set1_ps(h2f(x->d));
+        d.vdmin = _mm256_set1_ps(h2f(x->dmin));
+        return d;
+    }
+};
+struct K_q3_K : KQuant<2> {
+    using X = block_q3_K;
+    // value + 4 = low two bits | high bit << 2, in 0..7
+    static LLM_AVX2_INLINE D decode(const X* x) {
+        D d;
+        const __m256i hm = load256(x->hmask);
+#pragma GCC unroll 8
+        for (int k = 0; k < 8; k++) {
+            const __m256i lo = shr_mask(load256(x->qs + 32 * (k / 4)), 2 * (k % 4), 3);
+            d.q[k] = _mm256_or_si256(lo, _mm256_slli_epi16(shr_mask(hm, k, 1), 2));
+        }
+        int8_t sc8[16];
+        unpack_scales_q3k(x->scales, sc8);
+        alignas(32) int16_t sc16[16];
+        for (int j = 0; j < 16; j++) sc16[j] = sc8[j];
+        scales16(d, sc16);
+        d.mins = _mm256_load_si256((const __m256i*)sc16);
+        d.vd = _mm256_set1_ps(h2f(x->d));
+        d.vdmin = _mm256_setzero_ps();
+        return d;
+    }
+};
+// Q4_K / Q5_K: the 12 scale bytes hold eight 6-bit scales and eight 6-bit mins; unpacked four at a
+// time in 32-bit words (the layout of unpack_scale_min_k4).
+template <class B, bool HasHigh>
+struct K_q45_K : KQuant<0> {
+    using X = B;
+    static LLM_AVX2_INLINE D decode(const X* x) {
+        D d;
+        uint32_t a[3];
+        memcpy(a, x->scales, 12);
+        const uint32_t lo6 = 0x3f3f3f3f, lo4 = 0x0f0f0f0f, lo2 = 0x03030303;
+        const uint64_t sc = (uint64_t)(a[0] & lo6) | (uint64_t)((a[2] & lo4) | ((a[0] >> 6) & lo2) << 4) << 32;
+        const uint64_t mn = (uint64_t)(a[1] & lo6) | (uint64_t)(((a[2] >> 4) & lo4) | ((a[1] >> 6) & lo2) << 4) << 32;
+        const __m256i v[4] = {load256(x->qs), load256(x->qs + 32), load256(x->qs + 64), load256(x->qs + 96)};
+        __m256i qh = _mm256_setzero_si256();
+        if constexpr (HasHigh) qh = load256(x->qh);
+#pragma GCC unroll 8
+        for (int k = 0; k < 8; k++) {
+            __m256i r = (k & 1) ? shr_mask(v[k / 2], 4, 0x0F) : _mm256_and_si256(v[k / 2], _mm256_set1_epi8(0x0F));
+            if constexpr (HasHigh) r = _mm256_or_si256(r, _mm256_slli_epi16(shr_mask(qh, k, 1), 4));
+            d.q[k] = r;
+            d.sc[k] = _mm256_set1_epi16((int16_t)((sc >> (8 * k)) & 0xFF));
+        }
+        // each min covers two 16-value sums
+        const __m128i dup = _mm_set_epi8(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
+        d.mins = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(_mm_cvtsi64_si128((long long)mn), dup));
+        d.vd = _mm256_set1_ps(h2f(x->d));
+        d.vdmin = _mm256_set1_ps(h2f(x->dmin));
+        return d;
+    }
+};
+using K_q4_K = K_q45_K<block_q4_K, false>;
+using K_q5_K = K_q45_K<block_q5_K, true>;
+struct K_q6_K : KQuant<5> {
+    using X = block_q6_K;
+    // value + 32 = low nibble | two high bits << 4, in 0..63
+    static LLM_AVX2_INLINE D decode(const X* x) {
+        D d;
+#pragma GCC unroll 8
+        for (int k = 0; k < 8; k++) {
+            const int chunk = k / 4, sub = k % 4;
+            const __m256i lo = load256(x->ql + 64 * chunk + 32 * (sub & 1));
+            const __m256i q4 = (sub & 2) ? shr_mask(lo, 4, 0x0F) : _mm256_and_si256(lo, _mm256_set1_epi8(0x0F));
+            const __m256i q2 = shr_mask(load256(x->qh + 32 * chunk), 2 * sub, 3);
+            d.q[k] = _mm256_or_si256(q4, _mm256_slli_epi16(q2, 4));
+            d.sc[k] = _mm256_set_m128i(_mm_set1_epi16(x->scales[2 * k + 1]), _mm_set1_epi16(x->scales[2 * k]));
+        }
+        d.mins = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)x->scales));
+        d.vd = _mm256_set1_ps(h2f(x->d));
+        d.vdmin = _mm256_setzero_ps();
+        return d;
+    }
+};
+
+// Float types: 8 values per "block"; a row tail that is not a multiple of 8 goes through the
+// scalar dot product.
+template <class E, DotFn Scalar, int Bytes, class Self>
+struct K_float {
+    struct X { E v[8]; };
+    using Y = X;
+    using D = __m256;
+    static constexpr int kBlock = 8;
+    static constexpr bool kActScales = false;
+    static float tail(const uint8_t* x, const uint8_t* y, int64_t from, int64_t n) {
+        return Scalar(n - from, x + from * Bytes, y + from * Bytes);
+    }
+    static LLM_AVX2_INLINE D decode(const X* x) { return Self::load(x->v); }
+    template <class Ops>
+    static LLM_AVX2_INLINE void dot(D d, const Y* y, const float*, int64_t, __m256& acc, float&) {
+        acc = _mm256_fmadd_ps(d, Self::load(y->v), acc);
+    }
+};
+struct K_f32 : K_float<float, dot_f32, 4, K_f32> {
+    static LLM_AVX2_INLINE __m256 load(const float* p) { return _mm256_loadu_ps(p); }
+};
+struct K_f16 : K_float<uint16_t, dot_half<fp16_to_fp32>, 2, K_f16> {
+    static LLM_AVX2_INLINE __m256 load(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p)); }
+};
+struct K_bf16 : K_float<uint16_t, dot_half<bf16_to_fp32>, 2, K_bf16> {
+    static LLM_AVX2_INLINE __m256 load(const uint16_t* p) {
+        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)p)), 16));
+    }
+};
+
+// The tile: one weight row against NC activation columns; each weight block is unpacked once, the
+// activation blocks come from L1 after the first row of a row group.
+constexpr int kPrefetchBytes = 2048;
+template <class K, class Ops, int NC>
+LLM_AVX2_INLINE void tile(int64_t n, const uint8_t* W, const uint8_t* A, size_t as, const float* S, int64_t ss, float* out,
+                          int64_t ld) {
+    using X = typename K::X;
+    using Y = typename K::Y;
+    const int64_t nb = n / K::kBlock;
+    const X* x = (const X*)W;
+    __m256 acc[NC];
+    float macc[NC];
+#pragma GCC unroll 8
+    for (int c = 0; c < NC; c++) acc[c] = _mm256_setzero_ps(), macc[c] = 0.0f;
+    for (int64_t b = 0; b < nb; b++) {
+        // Weight rows are streamed once (decode) or a few times; prefetch ahead of the hardware
+        // prefetcher, which only ramps up slowly on these short runs. Past the row end this runs
+        // into the next row, which is the one read next.
+        _mm_prefetch((const char*)(x + b) + kPrefetchBytes, _MM_HINT_T0);
+        if constexpr (sizeof(X) > 64) _mm_prefetch((const char*)(x + b) + kPrefetchBytes + 64, _MM_HINT_T0);
+        if constexpr (sizeof(X) > 128) _mm_prefetch((const char*)(x + b) + kPrefetchBytes + 128, _MM_HINT_T0);
+        const typename K::D d = K::decode(x + b);
+#pragma GCC unroll 8
+        for (int c = 0; c < NC; c++) {
+            const float* s = K::kActScales ? S + c * ss + b : nullptr;
+            K::template dot<Ops>(d, (const Y*)(A + c * as) + b, s, nb, acc[c], macc[c]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int c = 0; c < NC; c++) {
+        float s = hsum8(acc[c]) + macc[c];
+        if (nb * K::kBlock < n) s += K::tail(W, A + c * as, nb * K::kBlock, n);
+        out[c * ld] = s;
+    }
+}
+
+template <class K, int NC>
+LLM_AVX2_FN void tile_avx2(int64_t n, const uint8_t* W, const uint8_t* A, size_t as, const float* S, int64_t ss, float* out,
+                           int64_t ld) {
+    tile<K, OpsAVX2, NC>(n, W, A, as, S, ss, out, ld);
+}
+template <class K, int NC>
+LLM_AVX512_FN void tile_avx512(int64_t n, const uint8_t* W, const uint8_t* A, size_t as, const float* S, int64_t ss,
+                               float* out, int64_t ld) {
+    tile<K, OpsAVX2, NC>(n, W, A, as, S, ss, out, ld);
+}
+template <class K, int NC>
+LLM_AVX512VNNI_FN void tile_avx512vnni(int64_t n, const uint8_t* W, const uint8_t* A, size_t as, const float* S,
+                                       int64_t ss, float* out, int64_t ld) {
+    tile<K, OpsVNNI, NC>(n, W, A, as, S, ss, out, ld);
+}
+
+// ---- activation quantizers (q8_0 / q8_1 with the run-time rounding, q8_K), bit-exact with the
+// scalar ones: the same float products, and cvtps rounds half to even like nearbyintf/nearest_int.
+
+LLM_AVX2_INLINE __m256 abs8(__m256 v) { return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), v); }
+LLM_AVX2_INLINE float hmax8(__m256 v) {
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    return _mm_cvtss_f32(m);
+}
+// Rounds 32 floats times `scale` to int8 (|values| <= 127.5 after scaling) at q; returns their sum.
+LLM_AVX2_INLINE __m256i round32(const float* x, __m256 scale, int8_t* q) {
+    __m256i v[4];
+    for (int u = 0; u < 4; u++) v[u] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 8 * u), scale));
+    for (int u = 0; u < 4; u++) v[u] = _mm256_min_epi32(v[u], _mm256_set1_epi32(127));
+    // packs work within 128-bit lanes; the permute restores the order
+    const __m256i w = _mm256_packs_epi16(_mm256_packs_epi32(v[0], v[1]), _mm256_packs_epi32(v[2], v[3]));
+    const __m256i bytes = _mm256_permutevar8x32_epi32(w, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256((__m256i*)q, bytes);
+    return bytes;
+}
+LLM_AVX2_FN void quant_q8_rt_avx2(const float* x, int64_t nb, block_q8_0* y0, block_q8_1* y1) {
+    for (int64_t i = 0; i < nb; i++, x += 32) {
+        __m256 m = abs8(_mm256_loadu_ps(x));
+        for (int u = 1; u < 4; u++) m = _mm256_max_ps(m, abs8(_mm256_loadu_ps(x + 8 * u)));
+        const float amax = hmax8(m), d = amax / 127, id = amax != 0.0f ? 127.f / amax : 0.0f;
+        int8_t* qs = y0 ? y0[i].qs : y1[i].qs;
+        const __m256i bytes = round32(x, _mm256_set1_ps(id), qs);
+        if (y0) {
+            y0[i].d = fp32_to_fp16(d);
+        } else {
+            y1[i].d = fp32_to_fp16(d);
+            const __m256i s16 = _mm256_maddubs_epi16(_mm256_set1_epi8(1), bytes);
+            const __m256i s32 = _mm256_madd_epi16(s16, _mm256_set1_epi16(1));
+            __m128i t = _mm_add_epi32(_mm256_castsi256_si128(s32), _mm256_extracti128_si256(s32, 1));
+            t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4E));
+            t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xB1));
+            const int sum = _mm_cvtsi128_si32(t);
+            y1[i].s = fp32_to_fp16(std::min(65504.0f, std::max(-65504.0f, sum * d)));
+        }
+    }
+}
+LLM_AVX2_FN void quant_f16_avx2(const float* x, int64_t n, uint16_t* y) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i*)(y + i), _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
+    for (; i < n; i++) y[i] = fp32_to_fp16(x[i]);
+}
+LLM_AVX2_FN void quant_q8_K_avx2(const float* x, int64_t nb, block_q8_K* y) {
+    for (int64_t i = 0; i < nb; i++, x += QK_K, y++) {
+        __m256 m = _mm256_setzero_ps();
+        for (int u = 0; u < QK_K / 8; u++) m = _mm256_max_ps(m, abs8(_mm256_loadu_ps(x + 8 * u)));
+        const float amax = hmax8(m);
+        if (!amax) {
+            memset(y, 0, sizeof *y);
+            continue;
+        }
+        // the first value of largest magnitude, as the scalar scan picks it
+        int j = 0;
+        for (int u = 0; u < QK_K / 8; u++) {
+            const int hit = _mm256_movemask_ps(_mm256_cmp_ps(abs8(_mm256_loadu_ps(x + 8 * u)), _mm256_set1_ps(amax), _CMP_EQ_OQ));
+            if (hit) {
+                j = 8 * u + __builtin_ctz(hit);
+                break;
+            }
+        }
+        const float iscale = -127.f / x[j];
+        for (int g = 0; g < QK_K / 32; g++) {
+            const __m256i bytes = round32(x + 32 * g, _mm256_set1_ps(iscale), y->qs + 32 * g);
+            // two 16-value sums per 32 quants
+            const __m256i s16 = _mm256_maddubs_epi16(_mm256_set1_epi8(1), bytes);   // 16 pairs
+            const __m128i s = _mm_add_epi16(_mm256_castsi256_si128(s16), _mm_srli_si128(_mm256_castsi256_si128(s16), 8));
+            const __m128i h = _mm_add_epi16(_mm256_extracti128_si256(s16, 1), _mm_srli_si128(_mm256_extracti128_si256(s16, 1), 8));
+            // s: four partial sums of values 0..15 (lanes 0..3); h: of values 16..31
+            __m128i both = _mm_unpacklo_epi64(s, h);
+            both = _mm_hadd_epi16(both, both);
+            both = _mm_hadd_epi16(both, both);
+            y->bsums[2 * g] = (int16_t)_mm_extract_epi16(both, 0);
+            y->bsums[2 * g + 1] = (int16_t)_mm_extract_epi16(both, 1);
+        }
+        y->d = 1 / iscale;
+    }
+}
+
+enum Variant { kAVX2, kAVX512, kAVX512VNNI };
+template <class K, int V, int NC>
+TileFn pick_tile() {
+    if constexpr (V == kAVX2) return tile_avx2<K, NC>;
+    else if constexpr (V == kAVX512) return tile_avx512<K, NC>;
+    else return tile_avx512vnni<K, NC>;
+}
+template <class K, int V>
+void set_tiles(IsaKernels& k, Type t) {
+    static_assert(kTileWidths[0] == 1 && kTileWidths[1] == 2 && kTileWidths[2] == 4 && kTileWidths[3] == 8, "tile widths");
+    k.tile[(int)t][0] = pick_tile<K, V, 1>();
+    k.tile[(int)t][1] = pick_tile<K, V, 2>();
+    k.tile[(int)t][2] = pick_tile<K, V, 4>();
+    k.tile[(int)t][3] = pick_tile<K, V, 8>();
+}
+template <int V>
+IsaKernels make_kernels() {
+    IsaKernels k;
+    set_tiles<K_f32, V>(k, Type::F32);
+    set_tiles<K_f16, V>(k, Type::F16);
+    set_tiles<K_bf16, V>(k, Type::BF16);
+    set_tiles<K_q4_0, V>(k, Type::Q4_0);
+    set_tiles<K_q4_1, V>(k, Type::Q4_1);
+    set_tiles<K_q5_0, V>(k, Type::Q5_0);
+    set_tiles<K_q5_1, V>(k, Type::Q5_1);
+    set_tiles<K_q8_0, V>(k, Type::Q8_0);
+    set_tiles<K_iq4_nl, V>(k, Type::IQ4_NL);
+    set_tiles<K_q2_K, V>(k, Type::Q2_K);
+    set_tiles<K_q3_K, V>(k, Type::Q3_K);
+    set_tiles<K_q4_K, V>(k, Type::Q4_K);
+    set_tiles<K_q5_K, V>(k, Type::Q5_K);
+    set_tiles<K_q6_K, V>(k, Type::Q6_K);
+    return k;
+}
+#endif // LLM_X86
+
+// nullptr for the scalar path.
+inline const IsaKernels* kernels_for(Isa isa) {
+#ifdef LLM_X86
+    static const IsaKernels avx2 = make_kernels<kAVX2>();
+    static const IsaKernels avx512 = cpu().vnni ? make_kernels<kAVX512VNNI>() : make_kernels<kAVX512>();
+    if (isa == Isa::AVX2) return &avx2;
+    if (isa == Isa::AVX512) return &avx512;
+#else
+    (void)isa;
+#endif
+    return nullptr;
+}
+
+inline std::atomic<int>& isa_state() {
+    static std::atomic<int> s{-1};  // -1: not chosen yet
+    return s;
+}
+
+} // namespace qimpl
+
+bool qimpl::quantize_act_simd(Type t, const float* src, void* dst, int64_t n) {
+#ifdef LLM_X86
+    if (isa_current() == Isa::Scalar) return false;
+    switch (t) {
+    case Type::Q8_0: qimpl::quant_q8_rt_avx2(src, n / 32, (block_q8_0*)dst, nullptr); return true;
+    case Type::Q8_1: qimpl::quant_q8_rt_avx2(src, n / 32, nullptr, (block_q8_1*)dst); return true;
+    case Type::Q8_K: qimpl::quant_q8_K_avx2(src, n / QK_K, (block_q8_K*)dst); return true;
+    case Type::F16: qimpl::quant_f16_avx2(src, n, (uint16_t*)dst); return true;
+    default: return false;
+    }
+#else
+    (void)t, (void)src, (void)dst, (void)n;
+    return false;
+#endif
+}
+
+Isa isa_best() {
+    const qimpl::CpuFeatures& f = qimpl::cpu();
+    return f.avx512 ? Isa::AVX512 : f.avx2 ? Isa::AVX2 : Isa::Scalar;
+}
+
+Isa isa_current() {
+    int s = qimpl::isa_state().load(std::memory_order_relaxed);
+    if (s < 0) {
+        s = (int)isa_best();
+        qimpl::isa_state().store(s, std::memory_order_relaxed);
+    }
+    return (Isa)s;
+}
+
+void isa_set(Isa isa) {
+    if ((int)isa < 0 || (int)isa > (int)isa_best())
+        fail("instruction set %d is not supported by this CPU (best: %s)", (int)isa, isa_name(isa_best()).c_str());
+    qimpl::isa_state().store((int)isa, std::memory_order_relaxed);
+}
+
+std::string isa_name(Isa isa) {
+    switch (isa) {
+    case Isa::Scalar: return "scalar";
+    case Isa::AVX2: return "avx2";
+    case Isa::AVX512: return qimpl::cpu().vnni ? "avx512-vnni" : "avx512";
+    }
+    return "?";
+}
+
+// The float block scales of q8_0 / q8_1 activation rows that the tiles read (see TileFn); returns
+// the per-row stride, 0 for other types (nothing written).
+static int64_t act_scales(Type at, const uint8_t* act, size_t act_row_bytes, int64_t n_act, int64_t k, std::vector<float>& out) {
+    if (at != Type::Q8_0 && at != Type::Q8_1) return 0;
+    const int64_t nb = k / 32, stride = at == Type::Q8_1 ? 2 * nb : nb;
+    out.resize((size_t)(n_act * stride));
+    for (int64_t j = 0; j < n_act; j++) {
+        float* s = out.data() + j * stride;
+        for (int64_t b = 0; b < nb; b++) {
+            if (at == Type::Q8_1) {
+                const block_q8_1& y = ((const block_q8_1*)(act + j * act_row_bytes))[b];
+                s[b] = fp16_to_fp32(y.d);
+                s[nb + b] = fp16_to_fp32(y.s);
+            } else {
+                s[b] = fp16_to_fp32(((const block_q8_0*)(act + j * act_row_bytes))[b].d);
+            }
+        }
+    }
+    return stride;
+}
+
+float vec_dot(Type weight, int64_t n, const void* x, const void* y) {
+    check_row(weight, n, "vec_dot");
+    if (const qimpl::IsaKernels* k = qimpl::kernels_for(isa_current())) {
+        if (qimpl::TileFn f = k->tile[(int)weight][0]) {
+            std::vector<float> scales;
+            act_scales(vec_dot_type(weight), (const uint8_t*)y, 0, 1, n, scales);
+            float r;
+            f(n, (const uint8_t*)x, (const uint8_t*)y, 0, scales.data(), 0, &r, 1);
+            return r;
+        }
+    }
+    return qimpl::scalar_dot(weight)(n, x, y);
+}
+
+void matmul_rows(Type wt, const uint8_t* W, size_t w_row_bytes, int64_t k, int64_t r0, int64_t r1, const uint8_t* act,
+                 size_t act_row_bytes, int64_t n_act, float* out, int64_t ld_out) {
+    const qimpl::IsaKernels* ks = qimpl::kernels_for(isa_current());
+    const qimpl::TileFn* tiles = ks ? ks->tile[(int)wt] : nullptr;
+    if (!tiles || !tiles[0]) {
+        const qimpl::DotFn dot = qimpl::scalar_dot(wt);
+        for (int64_t j = 0; j < n_act; j++)
+            for (int64_t i = r0; i < r1; i++) out[j * ld_out + i] = dot(k, W + i * w_row_bytes, act + j * act_row_bytes);
+        return;
+    }
+    thread_local std::vector<float> scales;
+    const int64_t ss = act_scales(vec_dot_type(wt), act, act_row_bytes, n_act, k, scales);
+    // Rows in groups small enough to stay in L1 while the activation columns stream past them, 8
+    // columns at a time (those stay in L1 across the group's rows).
+    constexpr int64_t kRowGroup = 16;
+    // A tail of 3..7 columns after full 8-column tiles (an expert's share of a prompt, say) costs 2-3
+    // more passes over the weights in narrower tiles; instead it runs as one 8-column tile over a
+    // zero-padded copy of those columns, whose extra results are dropped.
+    const int64_t tail = n_act > 8 && n_act % 8 >= 3 ? n_act % 8 : 0, j_tail = n_act - tail;
+    thread_local std::vector<uint8_t> pad_act;
+    thread_local std::vector<float> pad_scales;
+    if (tail) {
+        pad_act.assign(8 * act_row_bytes, 0);
+        memcpy(pad_act.data(), act + j_tail * act_row_bytes, tail * act_row_bytes);
+        pad_scales.assign(8 * std::max<int64_t>(ss, 1), 0.0f);
+        if (ss) std::copy(scales.data() + j_tail * ss, scales.data() + n_act * ss, pad_scales.begin());
+    }
+    for (int64_t g = r0; g < r1; g += kRowGroup) {
+        const int64_t ge = std::min(r1, g + kRowGroup);
+        int64_t j = 0;
+        for (int w = 3; w >= 0; w--) {
+            const int nc = qimpl::kTileWidths[w];
+            for (; j + nc <= (tail ? j_tail : n_act); j += nc) {
+                for (int64_t i = g; i < ge; i++) {
+                    tiles[w](k, W + i * w_row_bytes, act + j * act_row_bytes, act_row_bytes, scales.data() + j * ss, ss,
+                             out + j * ld_out + i, ld_out);
+                }
+            }
+        }
+        for (int64_t i = g; i < ge && tail; i++) {
+            float r8[8];
+            tiles[3](k, W + i * w_row_bytes, pad_act.data(), act_row_bytes, pad_scales.data(), ss, r8, 1);
+            for (int64_t c = 0; c < tail; c++) out[(j_tail + c) * ld_out + i] = r8[c];
+        }
+    }
+}
+
+// ---- attention's weighted sum of cache rows --------------------------------------------------
+
+namespace qimpl {
+#ifdef LLM_X86
+struct LoadF32 {
+    static LLM_AVX2_INLINE __m256 load(const uint8_t* row, int64_t d) { return _mm256_loadu_ps((const float*)row + d); }
+};
+struct LoadF16 {
+    static LLM_AVX2_INLINE __m256 load(const uint8_t* row, int64_t d) {
+        return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)((const uint16_t*)row + d)));
+    }
+};
+// out = sum over r of w[r] * row r for the first dim values (a multiple of 8) of f32/f16 rows; 64
+// output values stay in registers while the rows stream past; each sum runs in row order.
+template <class L>
+LLM_AVX2_INLINE void weighted_sum_simd(const uint8_t* rows, size_t stride, const float* w, int64_t n_rows, int64_t dim,
+                                       float* out, bool accumulate) {
+    int64_t d = 0;
+    for (; d + 64 <= dim; d += 64) {
+        __m256 acc[8];
+        for (int u = 0; u < 8; u++) acc[u] = accumulate ? _mm256_loadu_ps(out + d + 8 * u) : _mm256_setzero_ps();
+        for (int64_t r = 0; r < n_rows; r++) {
+            const __m256 wr = _mm256_set1_ps(w[r]);
+#pragma GCC unroll 8
+            for (int u = 0; u < 8; u++) acc[u] = _mm256_fmadd_ps(wr, L::load(rows + r * stride, d + 8 * u), acc[u]);
+        }
+        for (int u = 0; u < 8; u++) _mm256_storeu_ps(out + d + 8 * u, acc[u]);
+    }
+    for (; d + 8 <= dim; d += 8) {
+        __m256 acc = accumulate ? _mm256_loadu_ps(out + d) : _mm256_setzero_ps();
+        for (int64_t r = 0; r < n_rows; r++) acc = _mm256_fmadd_ps(_mm256_set1_ps(w[r]), L::load(rows + r * stride, d), acc);
+        _mm256_storeu_ps(out + d, acc);
+    }
+}
+LLM_AVX2_FN void weighted_sum_f32(const uint8_t* rows, size_t stride, const float* w, int64_t n_rows, int64_t dim, float* out,
+                                  bool accumulate) {
+    weighted_sum_simd<LoadF32>(rows, stride, w, n_rows, dim, out, accumulate);
+}
+LLM_AVX2_FN void weighted_sum_f16(const uint8_t* rows, size_t stride, const float* w, int64_t n_rows, int64_t dim, float* out,
+                                  bool accumulate) {
+    weighted_sum_simd<LoadF16>(rows, stride, w, n_rows, dim, out, accumulate);
+}
+#endif
+} // namespace qimpl
+
+// out[0..dim) (+)= sum over r < n_rows of w[r] * (row r of type t, rows `stride` bytes apart): added
+// to out when `accumulate`, else replacing it. scratch: dim floats, for types dequantized row by row.
+void weighted_row_sum(Type t, const uint8_t* rows, size_t stride, const float* w, int64_t n_rows, int64_t dim, float* out,
+                      float* scratch, bool accumulate = false) {
+    int64_t done = 0;
+#ifdef LLM_X86
+    if (isa_current() != Isa::Scalar && (t == Type::F16 || t == Type::F32)) {
+        done = dim / 8 * 8;
+        (t == Type::F16 ? qimpl::weighted_sum_f16 : qimpl::weighted_sum_f32)(rows, stride, w, n_rows, done, out, accumulate);
+        if (done == dim) return;
+    }
+#endif
+    if (!accumulate) std::fill(out + done, out + dim, 0.0f);
+    for (int64_t r = 0; r < n_rows; r++) {
+        dequantize_row(t, rows + r * stride, scratch, dim);
+        for (int64_t d = done; d < dim; d++) out[d] += w[r] * scratch[d];
+    }
+}
+
+// ---- attention's softmax ---------------------------------------------------------------------
+
+namespace qimpl {
+#ifdef LLM_X86
+// e^x for x <= 0 (attention scores minus their maximum): x = n ln2 + r with |r| <= ln2/2, e^r by its
+// degree-6 Taylor polynomial (relative error ~2e-7), 2^n through the exponent bits; below -87.3
+// (where floats run out) the result is 0.
+LLM_AVX2_INLINE __m256 exp_nonpos(__m256 x) {
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), x);  // ln2 split in two parts
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.428606765330187045e-06f), r);
+    __m256 p = _mm256_set1_ps(1.0f / 720);
+    for (float c : {1.0f / 120, 1.0f / 24, 1.0f / 6, 0.5f, 1.0f, 1.0f}) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    const __m256 v = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+    return _mm256_and_ps(v, _mm256_cmp_ps(x, _mm256_set1_ps(-87.3f), _CMP_GE_OQ));
+}
+LLM_AVX2_FN void softmax_avx2(float* x, int64_t n, float scale, bool round_f16) {
+    const __m256 vs = _mm256_set1_ps(scale);
+    __m256 vm = _mm256_set1_ps(-INFINITY);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 v = _mm256_mul_ps(_mm256_loadu_ps(x + i), vs);
+        _mm256_storeu_ps(x + i, v);
+        vm = _mm256_max_ps(vm, v);
+    }
+    float mx = hmax8(vm);
+    for (; i < n; i++) mx = std::max(mx, x[i] *= scale);
+    // sums of 8 in float, accumulated in double
+    double sum = 0;
+    const __m256 vmx = _mm256_set1_ps(mx);
+    for (i = 0; i + 8 <= n; i += 8) {
+        const __m256 v = exp_nonpos(_mm256_sub_ps(_mm256_loadu_ps(x + i), vmx));
+        _mm256_storeu_ps(x + i, v);
+        sum += hsum8(v);
+    }
+    for (; i < n; i++) sum += (x[i] = std::exp(x[i] - mx));
+    const float inv = (float)(1.0 / sum);
+    const __m256 vi = _mm256_set1_ps(inv);
+    for (i = 0; i + 8 <= n; i += 8) {
+        __m256 v = _mm256_mul_ps(_mm256_loadu_ps(x + i), vi);
+        if (round_f16) v = _mm256_cvtph_ps(_mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+        _mm256_storeu_ps(x + i, v);
+    }
+    for (; i < n; i++) x[i] = round_f16 ? fp16_to_fp32(fp32_to_fp16(x[i] * inv)) : x[i] * inv;
+}
+#endif
+} // namespace qimpl
+
+// x[0..n) = softmax(x * scale), the sum in double; with round_f16 each probability is rounded to
+// f16 (what the reference does before multiplying an f16 V).
+void softmax_scaled(float* x, int64_t n, float scale, bool round_f16) {
+#ifdef LLM_X86
+    if (isa_current() != Isa::Scalar) return qimpl::softmax_avx2(x, n, scale, round_f16);
+#endif
+    float mx = -INFINITY;
+    for (int64_t i = 0; i < n; i++) mx = std::max(mx, x[i] *= scale);
+    double sum = 0;
+    for (int64_t i = 0; i < n; i++) sum += (x[i] = std::exp(x[i] - mx));
+    const float inv = (float)(1.0 / sum);
+    for (int64_t i = 0; i < n; i++) x[i] = round_f16 ? fp16_to_fp32(fp32_to_fp16(x[i] * inv)) : x[i] * inv;
+}
+// ============================================================================================
+// 7. Weight quantizers: K-quants (Q2_K .. Q6_K) and IQ4_NL's searching variant, bit-exact with ggml's reference quantizers without an importance
+// matrix (quantize_row_qN_K_ref), which is what llama-quantize runs for these types when no imatrix
+// is given (quantize_qN_K -> quantize_row_qN_K_ref).
+//
+// Bit-exactness rules followed here:
+//  - every intermediate is a float (never double) and every expression keeps ggml's evaluation order;
+//  - no fused multiply-add: ggml builds these functions for the baseline ISA, where a*b+c is always two
+//    rounded operations. fp-contraction is switched off below so a -march=native build of this file
+//    still rounds the same way;
+//  - fp16 rounding is round-to-nearest-even (fp32_to_fp16), as ggml's.
+// ============================================================================================
+
+#if defined(__clang__)
+#pragma STDC FP_CONTRACT OFF
+#elif defined(__GNUC__)
+#pragma GCC push_options
+#pragma GCC optimize("fp-contract=off")
+#endif
+
+namespace kquant {
+
+constexpr float kGroupMaxEps = 1e-15f;  // ggml's GROUP_MAX_EPS: a group below this is all zero
+
+// Round to nearest (ties to even) for |f| < 2^22, by adding 1.5*2^23 and reading the mantissa, exactly as
+// ggml does. The trick is part of the reference's rounding, so it is kept (lrintf would agree, but this is
+// what the reference does and costs nothing).
+inline int nearest_int(float f) {
+    float v = f + 12582912.f;
+    int32_t i;
+    memcpy(&i, &v, 4);
+    return (i & 0x007fffff) - 0x00400000;
+}
+
+template <typename T> inline T clampv(T v, T lo, T hi) { return v < lo ? lo : (v > hi ? hi : v); }
+
+// Symmetric quantization of n values to integers in [-nmax, nmax-1], weights x^2 (ggml make_qx_quants with
+// rmse_type 1 and no quant weights): start from the scale mapping the largest magnitude to -nmax, then try
+// 18 nearby scales and keep the one maximizing sum(w*x*l)^2 / sum(w*l^2). Stores l + nmax in L.
+inline float make_qx_quants(int n, int nmax, const float* x, int8_t* L) {
+    float max = 0, amax = 0;
+    for (int i = 0; i < n; ++i) {
+        float ax = fabsf(x[i]);
+        if (ax > amax) { amax = ax; max = x[i]; }
+    }
+    if (amax < kGroupMaxEps) {
+        for (int i = 0; i < n; ++i) L[i] = 0;
+        return 0.f;
+    }
+    // Sums for the levels a given inverse scale produces; optionally stores them.
+    auto fit = [&](float iscale, float& sumlx, float& suml2, bool store) {
+        sumlx = 0;
+        suml2 = 0;
+        for (int i = 0; i < n; ++i) {
+            int l = clampv(nearest_int(iscale * x[i]), -nmax, nmax - 1);
+            if (store) L[i] = (int8_t)(l + nmax);
+            float w = x[i] * x[i];
+            sumlx += w * x[i] * l;
+            suml2 += w * l * l;
+        }
+    };
+    float sumlx, suml2;
+    fit(-nmax / max, sumlx, suml2, true);
+    float scale = suml2 ? sumlx / suml2 : 0.0f;
+    float best = scale * sumlx;
+    for (int is = -9; is <= 9; ++is) {
+        if (is == 0) continue;
+        float iscale = -(nmax + 0.1f * is) / max;
+        fit(iscale, sumlx, suml2, false);
+        if (suml2 > 0 && sumlx * sumlx > best * suml2) {
+            fit(iscale, sumlx, suml2, true);
+            scale = sumlx / suml2;
+            best = scale * sumlx;
+        }
+    }
+    return scale;
+}
+
+// Q3_K's per-group search (ggml make_q3_quants with do_rmse): round with the max-magnitude scale, then up to
+// 5 passes of coordinate descent moving single levels while that improves sum(w*x*l)^2 / sum(w*l^2),
+// weights x^2. Stores l + nmax in L, levels in [-nmax, nmax-1].
+inline float make_q3_quants(int n, int nmax, const float* x, int8_t* L) {
+    float max = 0, amax = 0;
+    for (int i = 0; i < n; ++i) {
+        float ax = fabsf(x[i]);
+        if (ax > amax) { amax = ax; max = x[i]; }
+    }
+    if (amax < kGroupMaxEps) {
+        for (int i = 0; i < n; ++i) L[i] = 0;
+        return 0.f;
+    }
+    float iscale = -nmax / max;
+    float sumlx = 0, suml2 = 0;
+    for (int i = 0; i < n; ++i) {
+        int l = clampv(nearest_int(iscale * x[i]), -nmax, nmax - 1);
+        L[i] = (int8_t)l;
+        float w = x[i] * x[i];
+        sumlx += w * x[i] * l;
+        suml2 += w * l * l;
+    }
+    for (int itry = 0; itry < 5; ++itry) {
+        int n_changed = 0;
+        for (int i = 0; i < n; ++i) {
+            float w = x[i] * x[i];
+            float slx = sumlx - w * x[i] * L[i];
+            if (slx > 0) {
+                float sl2 = suml2 - w * L[i] * L[i];
+                int new_l = clampv(nearest_int(x[i] * sl2 / slx), -nmax, nmax - 1);
+                if (new_l != L[i]) {
+                    slx += w * x[i] * new_l;
+                    sl2 += w * new_l * new_l;
+                    if (sl2 > 0 && slx * slx * suml2 > sumlx * sumlx * sl2) {
+                        L[i] = (int8_t)new_l;
+                        sumlx = slx;
+                        suml2 = sl2;
+                        ++n_changed;
+                    }
+                }
+            }
+        }
+        if (!n_changed) break;
+    }
+    for (int i = 0; i < n; ++i) L[i] = (int8_t)(L[i] + nmax);
+    return suml2 > 0.0f ? sumlx / suml2 : 0.0f;
+}
+
+// Asymmetric quantization x ~ scale*l - the_min with l in [0, nmax] (ggml make_qkx2_quants): start from the
+// min/max range, then try nstep+1 scales around it, each with the least-squares (scale, min) for its
+// levels, and keep the lowest weighted error (absolute error when use_mad). Returns the scale; *the_min >= 0.
+inline float make_qkx2_quants(int n, int nmax, const float* x, const float* weights, uint8_t* L, float* the_min,
+                              uint8_t* Laux, float rmin, float rdelta, int nstep, bool use_mad) {
+    float min = x[0], max = x[0];
+    float sum_w = weights[0];
+    float sum_x = sum_w * x[0];
+    for (int i = 1; i < n; ++i) {
+        if (x[i] < min) min = x[i];
+        if (x[i] > max) max = x[i];
+        float w = weights[i];
+        sum_w += w;
+        sum_x += w * x[i];
+    }
+    if (min > 0) min = 0;
+    if (max == min) {
+        for (int i = 0; i < n; ++i) L[i] = 0;
+        *the_min = -min;
+        return 0.f;
+    }
+    auto error_of = [&](float scale, float mn, const uint8_t* Lq) {
+        float err = 0;
+        for (int i = 0; i < n; ++i) {
+            float diff = scale * Lq[i] + mn - x[i];
+            diff = use_mad ? fabsf(diff) : diff * diff;
+            err += weights[i] * diff;
+        }
+        return err;
+    };
+    float iscale = nmax / (max - min);
+    float scale = 1 / iscale;
+    for (int i = 0; i < n; ++i) L[i] = (uint8_t)clampv(nearest_int(iscale * (x[i] - min)), 0, nmax);
+    float best_error = error_of(scale, min, L);
+    if (nstep < 1) {
+        *the_min = -min;
+        return scale;
+    }
+    for (int is = 0; is <= nstep; ++is) {
+        iscale = (rmin + rdelta * is + nmax) / (max - min);
+        float sum_l = 0, sum_l2 = 0, sum_xl = 0;
+        for (int i = 0; i < n; ++i) {
+            int l = clampv(nearest_int(iscale * (x[i] - min)), 0, nmax);
+            Laux[i] = (uint8_t)l;
+            float w = weights[i];
+            sum_l += w * l;
+            sum_l2 += w * l * l;
+            sum_xl += w * l * x[i];
+        }
+        float D = sum_w * sum_l2 - sum_l * sum_l;
+        if (D > 0) {
+            float this_scale = (sum_w * sum_xl - sum_x * sum_l) / D;
+            float this_min = (sum_l2 * sum_x - sum_l * sum_xl) / D;
+            if (this_min > 0) {
+                this_min = 0;
+                this_scale = sum_xl / sum_l2;
+            }
+            float cur_error = error_of(this_scale, this_min, Laux);
+            if (cur_error < best_error) {
+                memcpy(L, Laux, (size_t)n);
+                best_error = cur_error;
+                scale = this_scale;
+                min = this_min;
+            }
+        }
+    }
+    *the_min = -min;
+    return scale;
+}
+
+// Packs 2-bit levels of a 256-value super-block: byte l of each 32-byte group holds values l, l+32, l+64,
+// l+96 of its 128-value half (Q2_K and Q3_K low bits).
+inline void pack_2bit(const uint8_t* L, uint8_t* qs) {
+    for (int j = 0; j < QK_K; j += 128)
+        for (int l = 0; l < 32; ++l)
+            qs[j / 4 + l] = (uint8_t)(L[j + l] | (L[j + l + 32] << 2) | (L[j + l + 64] << 4) | (L[j + l + 96] << 6));
+}
+
+// Q4_K/Q5_K 6-bit scale and min packing (the inverse of get_scale_min_k4).
+inline void pack_scale_min_k4(int j, uint8_t ls, uint8_t lm, uint8_t* s) {
+    if (j < 4) {
+        s[j] = ls;
+        s[j + 4] = lm;
+    } else {
+        s[j + 4] = (uint8_t)((ls & 0xF) | ((lm & 0xF) << 4));
+        s[j - 4] |= (uint8_t)((ls >> 4) << 6);
+        s[j - 0] |= (uint8_t)((lm >> 4) << 6);
+    }
+}
+
+inline void get_scale_min_k4(int j, const uint8_t* q, uint8_t& d, uint8_t& m) {
+    if (j < 4) {
+        d = q[j] & 63;
+        m = q[j + 4] & 63;
+    } else {
+        d = (uint8_t)((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
+        m = (uint8_t)((q[j + 4] >> 4) | ((q[j - 0] >> 6) << 4));
+    }
+}
+
+// ---- Q2_K: 16 groups of 16, 2-bit levels, 4-bit scales and mins -----------------------------------------
+inline void quantize_block_q2_K(const float* x, block_q2_K& y) {
+    uint8_t L[QK_K], Laux[16];
+    float weights[16], mins[QK_K / 16], scales[QK_K / 16];
+    const float q4scale = 15.f;
+    float max_scale = 0, max_min = 0;  // as the min is deducted, scales are positive
+    for (int j = 0; j < QK_K / 16; ++j) {
+        for (int l = 0; l < 16; ++l) weights[l] = fabsf(x[16 * j + l]);
+        scales[j] = make_qkx2_quants(16, 3, x + 16 * j, weights, L + 16 * j, &mins[j], Laux, -0.5f, 0.1f, 15, true);
+        if (scales[j] > max_scale) max_scale = scales[j];
+        if (mins[j] > max_min) max_min = mins[j];
+    }
+    if (max_scale > 0) {
+        float iscale = q4scale / max_scale;
+        for (int j = 0; j < QK_K / 16; ++j) y.scales[j] = (uint8_t)nearest_int(iscale * scales[j]);
+        y.d = fp32_to_fp16(max_scale / q4scale);
+    } else {
+        for (int j = 0; j < QK_K / 16; ++j) y.scales[j] = 0;
+        y.d = fp32_to_fp16(0.f);
+    }
+    if (max_min > 0) {
+        float iscale = q4scale / max_min;
+        for (int j = 0; j < QK_K / 16; ++j) y.scales[j] |= (uint8_t)(nearest_int(iscale * mins[j]) << 4);
+        y.dmin = fp32_to_fp16(max_min / q4scale);
+    } else {
+        y.dmin = fp32_to_fp16(0.f);
+    }
+    // Requantize against the rounded scales.
+    for (int j = 0; j < QK_K / 16; ++j) {
+        const float d = fp16_to_fp32(y.d) * (y.scales[j] & 0xF);
+        if (!d) continue;
+        const float dm = fp16_to_fp32(y.dmin) * (y.scales[j] >> 4);
+        for (int ii = 0; ii < 16; ++ii)
+            L[16 * j + ii] = (uint8_t)clampv(nearest_int((x[16 * j + ii] + dm) / d), 0, 3);
+    }
+    pack_2bit(L, y.qs);
+}
+
+// ---- Q3_K: 16 groups of 16, 3-bit signed levels, 6-bit signed scales --------------------------------------
+inline void quantize_block_q3_K(const float* x, block_q3_K& y) {
+    int8_t L[QK_K];
+    float scales[QK_K / 16];
+    float max_scale = 0, amax = 0;
+    for (int j = 0; j < QK_K / 16; ++j) {
+        scales[j] = make_q3_quants(16, 4, x + 16 * j, L + 16 * j);
+        float scale = fabsf(scales[j]);
+        if (scale > amax) { amax = scale; max_scale = scales[j]; }
+    }
+    memset(y.scales, 0, 12);
+    if (max_scale) {
+        float iscale = -32.f / max_scale;
+        for (int j = 0; j < QK_K / 16; ++j) {
+            int8_t l = (int8_t)nearest_int(iscale * scales[j]);  // ggml narrows to int8 before clamping
+            l = (int8_t)(clampv<int>(l, -32, 31) + 32);
+            if (j < 8) y.scales[j] = (uint8_t)(l & 0xF);
+            else y.scales[j - 8] |= (uint8_t)((l & 0xF) << 4);
+            l >>= 4;
+            y.scales[j % 4 + 8] |= (uint8_t)(l << (2 * (j / 4)));
+        }
+        y.d = fp32_to_fp16(1 / iscale);
+    } else {
+        y.d = fp32_to_fp16(0.f);
+    }
+    for (int j = 0; j < QK_K / 16; ++j) {
+        int sc = j < 8 ? y.scales[j] & 0xF : y.scales[j - 8] >> 4;
+        sc = (sc | (((y.scales[8 + j % 4] >> (2 * (j / 4))) & 3) << 4)) - 32;
+        float d = fp16_to_fp32(y.d) * sc;
+        if (!d) continue;
+        for (int ii = 0; ii < 16; ++ii)
+            L[16 * j + ii] = (int8_t)(clampv(nearest_int(x[16 * j + ii] / d), -4, 3) + 4);
+    }
+    // High bit of value j goes to bit j/32 of hmask[j%32]; the low two bits are packed like Q2_K.
+    memset(y.hmask, 0, QK_K / 8);
+    uint8_t low[QK_K];
+    for (int j = 0; j < QK_K; ++j) {
+        int l = L[j];
+        if (l > 3) {
+            y.hmask[j % (QK_K / 8)] |= (uint8_t)(1 << (j / (QK_K / 8)));
+            l -= 4;
+        }
+        low[j] = (uint8_t)l;
+    }
+    pack_2bit(low, y.qs);
+}
+
+// ---- Q4_K / Q5_K: 8 groups of 32, asymmetric levels, 6-bit scales and mins --------------------------------
+template <int NMAX, typename Block>
+inline void quantize_block_q45_K(const float* x, Block& y, float rmin, int nstep, uint8_t* L) {
+    uint8_t Laux[32];
+    float weights[32], mins[QK_K / 32], scales[QK_K / 32];
+    float max_scale = 0, max_min = 0;
+    for (int j = 0; j < QK_K / 32; ++j) {
+        float sum_x2 = 0;
+        for (int l = 0; l < 32; ++l) sum_x2 += x[32 * j + l] * x[32 * j + l];
+        float av_x = sqrtf(sum_x2 / 32);
+        for (int l = 0; l < 32; ++l) weights[l] = av_x + fabsf(x[32 * j + l]);
+        scales[j] = make_qkx2_quants(32, NMAX, x + 32 * j, weights, L + 32 * j, &mins[j], Laux, rmin, 0.1f, nstep, false);
+        if (scales[j] > max_scale) max_scale = scales[j];
+        if (mins[j] > max_min) max_min = mins[j];
+    }
+    float inv_scale = max_scale > 0 ? 63.f / max_scale : 0.f;
+    float inv_min = max_min > 0 ? 63.f / max_min : 0.f;
+    for (int j = 0; j < QK_K / 32; ++j) {
+        uint8_t ls = (uint8_t)nearest_int(inv_scale * scales[j]);  // narrowed to uint8 first, as in ggml
+        uint8_t lm = (uint8_t)nearest_int(inv_min * mins[j]);
+        pack_scale_min_k4(j, std::min<uint8_t>(63, ls), std::min<uint8_t>(63, lm), y.scales);
+    }
+    y.d = fp32_to_fp16(max_scale / 63.f);
+    y.dmin = fp32_to_fp16(max_min / 63.f);
+    for (int j = 0; j < QK_K / 32; ++j) {
+        uint8_t sc, m;
+        get_scale_min_k4(j, y.scales, sc, m);
+        const float d = fp16_to_fp32(y.d) * sc;
+        if (!d) continue;
+        const float dm = fp16_to_fp32(y.dmin) * m;
+        for (int ii = 0; ii < 32; ++ii)
+            L[32 * j + ii] = (uint8_t)clampv(nearest_int((x[32 * j + ii] + dm) / d), 0, NMAX);
+    }
+}
+
+inline void quantize_block_q4_K(const float* x, block_q4_K& y) {
+    uint8_t L[QK_K];
+    quantize_block_q45_K<15>(x, y, -1.f, 20, L);
+    uint8_t* q = y.qs;
+    for (int j = 0; j < QK_K; j += 64, q += 32)
+        for (int l = 0; l < 32; ++l) q[l] = (uint8_t)(L[j + l] | (L[j + l + 32] << 4));
+}
+
+inline void quantize_block_q5_K(const float* x, block_q5_K& y) {
+    uint8_t L[QK_K];
+    quantize_block_q45_K<31>(x, y, -0.5f, 15, L);
+    // Low nibbles like Q4_K; bit 4 of value n+j (n = 64*k) goes to bit 2k of qh[j], of n+j+32 to bit 2k+1.
+    memset(y.qh, 0, QK_K / 8);
+    uint8_t* ql = y.qs;
+    uint8_t m1 = 1, m2 = 2;
+    for (int n = 0; n < QK_K; n += 64, ql += 32, m1 <<= 2, m2 <<= 2) {
+        for (int j = 0; j < 32; ++j) {
+            int l1 = L[n + j], l2 = L[n + j + 32];
+            if (l1 > 15) { l1 -= 16; y.qh[j] |= m1; }
+            if (l2 > 15) { l2 -= 16; y.qh[j] |= m2; }
+            ql[j] = (uint8_t)(l1 | (l2 << 4));
+        }
+    }
+}
+
+// ---- Q6_K: 16 groups of 16, 6-bit signed levels, int8 scales ----------------------------------------------
+inline void quantize_block_q6_K(const float* x, block_q6_K& y) {
+    int8_t L[QK_K];
+    float scales[QK_K / 16];
+    float max_scale = 0, max_abs_scale = 0;
+    for (int ib = 0; ib < QK_K / 16; ++ib) {
+        const float scale = make_qx_quants(16, 32, x + 16 * ib, L + 16 * ib);
+        scales[ib] = scale;
+        const float abs_scale = fabsf(scale);
+        if (abs_scale > max_abs_scale) { max_abs_scale = abs_scale; max_scale = scale; }
+    }
+    if (max_abs_scale < kGroupMaxEps) {
+        memset(&y, 0, sizeof y);
+        return;
+    }
+    float iscale = -128.f / max_scale;
+    y.d = fp32_to_fp16(1 / iscale);
+    for (int ib = 0; ib < QK_K / 16; ++ib) y.scales[ib] = (int8_t)std::min(127, nearest_int(iscale * scales[ib]));
+    for (int j = 0; j < QK_K / 16; ++j) {
+        float d = fp16_to_fp32(y.d) * y.scales[j];
+        if (!d) continue;
+        for (int ii = 0; ii < 16; ++ii)
+            L[16 * j + ii] = (int8_t)(clampv(nearest_int(x[16 * j + ii] / d), -32, 31) + 32);
+    }
+    uint8_t* ql = y.ql;
+    uint8_t* qh = y.qh;
+    for (int j = 0; j < QK_K; j += 128, ql += 64, qh += 32) {
+        for (int l = 0; l < 32; ++l) {
+            const uint8_t* v = (const uint8_t*)L + j + l;  // values l, l+32, l+64, l+96 of this half
+            ql[l + 0] = (uint8_t)((v[0] & 0xF) | ((v[64] & 0xF) << 4));
+            ql[l + 32] = (uint8_t)((v[32] & 0xF) | ((v[96] & 0xF) << 4));
+            qh[l] = (uint8_t)((v[0] >> 4) | ((v[32] >> 4) << 2) | ((v[64] >> 4) << 4) | ((v[96] >> 4) << 6));
+        }
+    }
+}
+
+// ---- IQ4_NL as llama-quantize writes weights (ggml quantize_iq4_nl without imatrix: ntry = 7) -----------
+// This is not quantize_row_iq4_nl_ref (ntry = -1, used for the KV cache): it starts from the opposite sign
+// of the scale, searches 15 scales, and re-picks every level with the final (unrounded) scale.
+
+// Index of the table value nearest to x (ties to the larger), for a sorted table of 16: branch-free
+// binary search on midpoints; doubling x keeps the comparison exact.
+inline int best_index_iq4nl(float x) {
+    const float x2 = x + x;
+    int idx = 0;
+    for (int step = 8; step > 0; step >>= 1) {
+        const int j = idx + step;
+        idx = x2 >= (float)(kIQ4NLValues[j - 1] + kIQ4NLValues[j]) ? j : idx;
+    }
+    return idx;
+}
+
+inline void quantize_block_iq4_nl_search(const float* x, block_iq4_nl& y) {
+    const int8_t* values = kIQ4NLValues;
+    const int ntry = 7;
+    float amax = 0, max = 0;
+    for (int j = 0; j < 32; ++j) {
+        float ax = fabsf(x[j]);
+        if (ax > amax) { amax = ax; max = x[j]; }
+    }
+    float scale = 0;  // an all-zero block keeps 0 and its levels are re-picked for 0 below
+    if (amax >= kGroupMaxEps) {
+        // Least-squares scale for the levels inverse scale id gives, weights x^2; returns sum(w*q*x).
+        auto fit = [&](float id, float& sumqx, float& sumq2) {
+            sumqx = 0;
+            sumq2 = 0;
+            for (int j = 0; j < 32; ++j) {
+                float q = values[best_index_iq4nl(id * x[j])];
+                float w = x[j] * x[j];
+                sumqx += w * q * x[j];
+                sumq2 += w * q * q;
+            }
+        };
+        float sumqx, sumq2;
+        float d = -max / values[0];
+        fit(1 / d, sumqx, sumq2);
+        d = sumq2 > 0 ? sumqx / sumq2 : 0.f;
+        float best = d * sumqx;
+        for (int itry = -ntry; itry <= ntry; ++itry) {
+            fit((itry + values[0]) / max, sumqx, sumq2);
+            if (sumq2 > 0 && sumqx * sumqx > best * sumq2) {
+                d = sumqx / sumq2;
+                best = d * sumqx;
+            }
+        }
+        scale = d;
+    }
+    y.d = fp32_to_fp16(scale);
+    const float id = scale ? 1 / scale : 0;
+    uint8_t L[32];
+    for (int j = 0; j < 32; ++j) L[j] = (uint8_t)best_index_iq4nl(id * x[j]);
+    for (int j = 0; j < 16; ++j) y.qs[j] = (uint8_t)(L[j] | (L[16 + j] << 4));
+}
+
+template <typename Block, void (*QuantizeBlock)(const float*, Block&), int BlockSize = QK_K>
+inline void quantize_blocks(const float* src, void* dst, int64_t n) {
+    Block* y = (Block*)dst;
+    for (int64_t i = 0; i < n / BlockSize; ++i) QuantizeBlock(src + i * BlockSize, y[i]);
+}
+
+} // namespace kquant
+
+// Quantizes one row of model weights as llama-quantize does without an importance matrix
+// (ggml_quantize_chunk): K-quants and IQ4_NL through the model quantizers here, every other type through
+// quantize_row (their reference quantizers, the same ones the KV cache uses).
+void quantize_row_weights(Type t, const float* src, void* dst, int64_t n) {
+    if (t == Type::IQ4_NL) {
+        if (n % QK4_NL != 0) fail("quantize: row length %lld is not a multiple of %d for iq4_nl", (long long)n, QK4_NL);
+        return kquant::quantize_blocks<block_iq4_nl, kquant::quantize_block_iq4_nl_search, QK4_NL>(src, dst, n);
+    }
+    if (type_info(t).block_size == QK_K) return quantize_row_kquant(t, src, dst, n);
+    if (t == Type::Q8_0) return quantize_row_q8_0_reference(src, dst, n);
+    quantize_row(t, src, dst, n);
+}
+
+// Quantizes n floats (n a multiple of 256) to a K-quant type, bit-exact with ggml's reference quantizer.
+void quantize_row_kquant(Type t, const float* src, void* dst, int64_t n) {
+    if (n % QK_K != 0) fail("quantize: row length %lld is not a multiple of %d for %s", (long long)n, QK_K, type_info(t).name);
+    using namespace kquant;
+    switch (t) {
+        case Type::Q2_K: return quantize_blocks<block_q2_K, quantize_block_q2_K>(src, dst, n);
+        case Type::Q3_K: return quantize_blocks<block_q3_K, quantize_block_q3_K>(src, dst, n);
+        case Type::Q4_K: return quantize_blocks<block_q4_K, quantize_block_q4_K>(src, dst, n);
+        case Type::Q5_K: return quantize_blocks<block_q5_K, quantize_block_q5_K>(src, dst, n);
+        case Type::Q6_K: return quantize_blocks<block_q6_K, quantize_block_q6_K>(src, dst, n);
+        default: fail("quantize_row_kquant: %s is not a K-quant type", type_info(t).name);
+    }
+}
+
+#if defined(__clang__)
+#pragma STDC FP_CONTRACT DEFAULT
+#elif defined(__GNUC__)
+#pragma GCC pop_options
+#endif
+// ============================================================================================
+// 8. GGUF writer (v3), laid out as ggml's gguf writer does: header, metadata, tensor infos, zero padding
+// to the alignment, then each tensor's data padded to the alignment. Tensor data is streamed: the
+// header is written first (all sizes are known up front), then the caller appends each tensor in order.
+// Output goes to PATH.tmp.PID and is renamed to PATH by finish(); an unfinished writer deletes its file.
+// ============================================================================================
+
+class GGUFWriter {
+public:
+    explicit GGUFWriter(uint64_t alignment = 32) : alignment_(alignment) {}
+    ~GGUFWriter() { abandon(); }
+    GGUFWriter(const GGUFWriter&) = delete;
+    GGUFWriter& operator=(const GGUFWriter&) = delete;
+
+    // Metadata. Setting a key that exists removes it and appends it at the end, as gguf_set_val_* does.
+    void set_kv(const std::vector<std::pair<std::string, GGUFValue>>& kv) {
+        for (const auto& e : kv) set(e.first, e.second);
+    }
+    void set(const std::string& key, const GGUFValue& v) {
+        remove(key);
+        kv_.emplace_back(key, v);
+    }
+    void set_u32(const std::string& key, uint32_t val) {
+        GGUFValue v;
+        v.type = GGUFValueType::UINT32;
+        v.u = val;
+        v.i = val;
+        v.f = val;
+        set(key, v);
+    }
+    void remove(const std::string& key) {
+        kv_.erase(std::remove_if(kv_.begin(), kv_.end(), [&](const auto& e) { return e.first == key; }), kv_.end());
+    }
+
+    // Tensor infos, in data order. Returns the tensor's data size.
+    size_t add_tensor(const std::string& name, Type type, const int64_t ne[4]) {
+        if (name.size() >= 64) fail("gguf writer: tensor name '%s' is longer than 63 bytes", name.c_str());
+        Info t;
+        t.name = name;
+        t.type = type;
+        for (int d = 0; d < 4; d++) t.ne[d] = ne[d];
+        t.nbytes = row_bytes(type, ne[0]) * (size_t)(ne[1] * ne[2] * ne[3]);
+        t.offset = data_size_;
+        data_size_ += pad(t.nbytes);
+        tensors_.push_back(t);
+        return t.nbytes;
+    }
+    size_t data_size() const { return data_size_; }
+    size_t meta_size() const { return pad(meta_bytes().size()); }
+
+    // Streaming output.
+    void open(const std::string& path) {
+        path_ = path;
+        tmp_ = path + ".tmp." + std::to_string((long)getpid());
+        f_ = fopen(tmp_.c_str(), "wb");
+        if (!f_) fail("cannot create output file %s (as %s): %s", path.c_str(), tmp_.c_str(), strerror(errno));
+        std::vector<uint8_t> meta = meta_bytes();
+        write(meta.data(), meta.size());
+        write_zeros(pad(meta.size()) - meta.size());
+        next_ = 0;
+    }
+    // Appends the data of the next tensor (in add_tensor order), possibly in several pieces.
+    void write_data(const void* data, size_t n) {
+        if (next_ >= tensors_.size()) fail("gguf writer: more tensor data than tensors");
+        Info& t = tensors_[next_];
+        if (written_ + n > t.nbytes) fail("gguf writer: tensor %s: too much data", t.name.c_str());
+        write(data, n);
+        written_ += n;
+        if (written_ == t.nbytes) {
+            write_zeros(pad(t.nbytes) - t.nbytes);
+            written_ = 0;
+            next_++;
+        }
+    }
+    void finish() {
+        if (next_ != tensors_.size()) fail("gguf writer: %zu of %zu tensors written", next_, tensors_.size());
+        if (fflush(f_) != 0 || fsync(fileno(f_)) != 0) fail("writing %s: %s", tmp_.c_str(), strerror(errno));
+        FILE* f = f_;
+        f_ = nullptr;
+        if (fclose(f) != 0) fail("writing %s: %s", tmp_.c_str(), strerror(errno));
+        if (rename(tmp_.c_str(), path_.c_str()) != 0) {
+            int e = errno;
+            unlink(tmp_.c_str());
+            fail("cannot rename %s to %s: %s", tmp_.c_str(), path_.c_str(), strerror(e));
+        }
+        tmp_.clear();
+    }
+    // Drops an unfinished output file.
+    void abandon() {
+        if (f_) fclose(f_);
+        f_ = nullptr;
+        if (!tmp_.empty()) unlink(tmp_.c_str());
+        tmp_.clear();
+    }
+
+private:
+    struct Info {
+        std::string name;
+        Type type;
+        int64_t ne[4];
+        size_t nbytes, offset;
+    };
+    uint64_t alignment_;
+    std::vector<std::pair<std::string, GGUFValue>> kv_;
+    std::vector<Info> tensors_;
+    size_t data_size_ = 0;
+    std::string path_, tmp_;
+    FILE* f_ = nullptr;
+    size_t next_ = 0, written_ = 0;
+
+    size_t pad(size_t n) const {
+        if (alignment_ == 0 || (alignment_ & (alignment_ - 1))) fail("gguf writer: bad alignment %llu", (unsigned long long)alignment_);
+        return (n + alignment_ - 1) / alignment_ * alignment_;
+    }
+    void write(const void* p, size_t n) {
+        if (n && fwrite(p, 1, n, f_) != n) fail("writing %s: %s", tmp_.c_str(), strerror(errno));
+    }
+    void write_zeros(size_t n) {
+        static const uint8_t zeros[256] = {};
+        for (size_t k = 0; k < n; k += sizeof zeros) write(zeros, std::min(n - k, sizeof zeros));
+    }
+
+    // Little-endian serialization into a byte buffer.
+    struct Out {
+        std::vector<uint8_t> b;
+        template <class T> void put(T v) {
+            uint8_t tmp[sizeof(T)];
+            memcpy(tmp, &v, sizeof(T));
+            b.insert(b.end(), tmp, tmp + sizeof(T));
+        }
+        void str(const std::string& s) {
+            put<uint64_t>(s.size());
+            b.insert(b.end(), s.begin(), s.end());
+        }
+    };
+    // A number of type t from its widened value (integers from u/i, floats from f).
+    static void put_number(Out& o, GGUFValueType t, uint64_t u, int64_t i, double f) {
+        switch (t) {
+            case GGUFValueType::UINT8: o.put<uint8_t>((uint8_t)u); break;
+            case GGUFValueType::INT8: o.put<int8_t>((int8_t)i); break;
+            case GGUFValueType::UINT16: o.put<uint16_t>((uint16_t)u); break;
+            case GGUFValueType::INT16: o.put<int16_t>((int16_t)i); break;
+            case GGUFValueType::UINT32: o.put<uint32_t>((uint32_t)u); break;
+            case GGUFValueType::INT32: o.put<int32_t>((int32_t)i); break;
+            case GGUFValueType::UINT64: o.put<uint64_t>(u); break;
+            case GGUFValueType::INT64: o.put<int64_t>(i); break;
+            case GGUFValueType::FLOAT32: o.put<float>((float)f); break;
+            case GGUFValueType::FLOAT64: o.put<double>(f); break;
+            case GGUFValueType::BOOL: o.put<uint8_t>(u ? 1 : 0); break;
+            default: fail("gguf writer: %u is not a number type", (unsigned)t);
+        }
+    }
+    static void put_value(Out& o, const GGUFValue& v) {
+        if (v.type == GGUFValueType::STRING) return o.str(v.str);
+        if (v.type != GGUFValueType::ARRAY) return put_number(o, v.type, v.u, v.i, v.f);
+        o.put<uint32_t>((uint32_t)v.elem_type);
+        o.put<uint64_t>(v.size());
+        if (v.elem_type == GGUFValueType::STRING) {
+            for (const auto& s : v.arr_str) o.str(s);
+        } else if (v.elem_type == GGUFValueType::ARRAY) {
+            for (const auto& e : v.arr) put_value(o, e);  // each is element type, count, elements
+        } else {
+            // The reader keeps number arrays as doubles: exact for every type but 64-bit integers > 2^53.
+            for (double d : v.arr_num) {
+                bool is_signed = v.elem_type == GGUFValueType::INT8 || v.elem_type == GGUFValueType::INT16 ||
+                                 v.elem_type == GGUFValueType::INT32 || v.elem_type == GGUFValueType::INT64;
+                int64_t i = std::isfinite(d) ? (int64_t)d : 0;
+                uint64_t u = is_signed ? (uint64_t)i : (std::isfinite(d) && d > 0 ? (uint64_t)d : 0);
+                put_number(o, v.elem_type, u, i, d);
+            }
+            for (const auto& e : v.arr) put_number(o, v.elem_type, e.u, e.i, e.f);
+        }
+    }
+    std::vector<uint8_t> meta_bytes() const {
+        Out o;
+        o.put<uint32_t>(0x46554747u);  // "GGUF"
+        o.put<uint32_t>(3);
+        o.put<uint64_t>(tensors_.size());
+        o.put<uint64_t>(kv_.size());
+        for (const auto& e : kv_) {
+            o.str(e.first);
+            o.put<uint32_t>((uint32_t)e.second.type);
+            put_value(o, e.second);
+        }
+        for (const auto& t : tensors_) {
+            o.str(t.name);
+            int n_dims = 1;  // ggml_n_dims: trailing dimensions of 1 are not written
+            for (int d = 1; d < 4; d++)
+                if (t.ne[d] > 1) n_dims = d + 1;
+            o.put<uint32_t>((uint32_t)n_dims);
+            for (int d = 0; d < n_dims; d++) o.put<uint64_t>((uint64_t)t.ne[d]);
+            o.put<uint32_t>((uint32_t)t.type);
+            o.put<uint64_t>(t.offset);
+        }
+        return o.b;
+    }
+};
+// ============================================================================================
+// 9. Model quantizer: the per-tensor type choice of each file type (llama.cpp's llama_tensor_get_type,
+// upstream 81ff7abe5) and the driver that streams a GGUF through the quantizers.
+// Uses quantize_row_weights / dequantize_row (sections 5, 7) and GGUFWriter (section 8).
+// ============================================================================================
+
+namespace qmix {
+
+struct FileTypeInfo {
+    FileType ft;
+    const char* name;
+    Type type;  // default tensor type
+};
+// In llama-quantize's order, so a numeric id resolves to the same name it prints.
+constexpr FileTypeInfo kFileTypes[] = {
+    {FileType::Q4_0, "Q4_0", Type::Q4_0},       {FileType::Q4_1, "Q4_1", Type::Q4_1},
+    {FileType::Q5_0, "Q5_0", Type::Q5_0},       {FileType::Q5_1, "Q5_1", Type::Q5_1},
+    {FileType::Q2_K, "Q2_K", Type::Q2_K},       {FileType::Q3_K_S, "Q3_K_S", Type::Q3_K},
+    {FileType::Q3_K_M, "Q3_K_M", Type::Q3_K},   {FileType::Q3_K_L, "Q3_K_L", Type::Q3_K},
+    {FileType::IQ4_NL, "IQ4_NL", Type::IQ4_NL}, {FileType::Q4_K_S, "Q4_K_S", Type::Q4_K},
+    {FileType::Q4_K_M, "Q4_K_M", Type::Q4_K},   {FileType::Q5_K_S, "Q5_K_S", Type::Q5_K},
+    {FileType::Q5_K_M, "Q5_K_M", Type::Q5_K},   {FileType::Q6_K, "Q6_K", Type::Q6_K},
+    {FileType::Q8_0, "Q8_0", Type::Q8_0},       {FileType::F16, "F16", Type::F16},
+    {FileType::BF16, "BF16", Type::BF16},       {FileType::F32, "F32", Type::F32},
+};
+
+const FileTypeInfo& info(FileType ft) {
+    for (const auto& e : kFileTypes)
+        if (e.ft == ft) return e;
+    fail("unsupported file type %u", (unsigned)ft);
+}
+
+inline bool is_quantized(Type t) { return type_info(t).block_size > 1; }
+inline bool contains(const std::string& s, const char* part) { return s.find(part) != std::string::npos; }
+
+// Broad tensor roles the type rules talk about (llama-quant.cpp tensor_category).
+enum class Category { TokenEmbd, AttnQ, AttnV, AttnK, AttnQKV, AttnKVB, AttnOutput, FfnUp, FfnGate, FfnDown, Output, Other };
+
+Category category_of(const std::string& name) {
+    if (name == "output.weight") return Category::Output;
+    if (name == "token_embd.weight" || name == "per_layer_token_embd.weight") return Category::TokenEmbd;
+    if (contains(name, "attn_qkv.weight")) return Category::AttnQKV;
+    if (contains(name, "attn_kv_b.weight")) return Category::AttnKVB;
+    if (contains(name, "attn_v.weight")) return Category::AttnV;
+    if (contains(name, "attn_k.weight")) return Category::AttnK;
+    if (contains(name, "attn_q.weight")) return Category::AttnQ;
+    if (contains(name, "attn_output.weight")) return Category::AttnOutput;
+    if (contains(name, "ffn_up")) return Category::FfnUp;
+    if (contains(name, "ffn_gate")) return Category::FfnGate;
+    if (contains(name, "ffn_down")) return Category::FfnDown;
+    return Category::Other;
+}
+// attn_v-like tensors (more sensitive to quantization) share the attn_v rules and its layer counter.
+inline bool is_attn_v_like(Category c) { return c == Category::AttnV || c == Category::AttnQKV || c == Category::AttnKVB; }
+
+int n_dims_of(const TensorInfo& t) {  // ggml_n_dims
+    int n = 1;
+    for (int d = 1; d < 4; d++)
+        if (t.ne[d] > 1) n = d + 1;
+    return n;
+}
+
+// Which tensors are quantized at all: 2-D and 3-D weights, minus norms, routers, embeddings of positions
+// and token types, and small special-purpose matrices (llama-quant.cpp tensor_allows_quantization).
+bool allows_quantization(const TensorInfo& t, const QuantizeOptions& opt) {
+    if (n_dims_of(t) < 2) return false;
+    const std::string& name = t.name;
+    if (name.size() < 6 || name.compare(name.size() - 6, 6, "weight") != 0) return false;
+    if (contains(name, "_norm.weight")) return false;
+    if (opt.leave_output_tensor && name == "output.weight") return false;
+    static const char* const kKeep[] = {
+        "ffn_gate_inp.weight", "ffn_gate_tid2eid.weight", "altup", "laurel", "per_layer_model_proj",
+        "ssm_conv1d", "shortconv.conv.weight", "indexer.k_proj.weight", "indexer.q_proj.weight",
+        "time_mix_first.weight", "time_mix_w0.weight", "time_mix_w1.weight", "time_mix_w2.weight",
+        "time_mix_v0.weight", "time_mix_v1.weight", "time_mix_v2.weight", "time_mix_a0.weight",
+        "time_mix_a1.weight", "time_mix_a2.weight", "time_mix_g1.weight", "time_mix_g2.weight",
+        "time_mix_decay_w1.weight", "time_mix_decay_w2.weight", "time_mix_lerp_fused.weight",
+        "attn_rel_b.weight", ".position_embd", "sam.pos_embd", "sam.neck.", "sam.net_", ".rel_pos",
+        ".patch_embd", ".patch_merger", "a.rvq.codebook", "mm.a.code_embd",
+    };
+    for (const char* k : kKeep)
+        if (contains(name, k)) return false;
+    return name != "position_embd.weight" && name != "token_types.weight";
+}
+
+// Model facts the rules use, and the running layer counters (llama-quant.cpp quantize_state_impl).
+struct MixState {
+    std::string arch;
+    int n_layer = 0, n_expert = 0, n_gqa = 0;
+    bool is_70b = false;
+    bool has_tied_embeddings = true;  // until output.weight is seen
+    int n_attention_wv = 0, i_attention_wv = 0;
+    int i_ffn_down = 0, i_ffn_gate = 0, i_ffn_up = 0;
+    int n_fallback = 0;
+};
+
+// First element of a per-layer array, or the scalar.
+int64_t first_int(const GGUF& g, const std::string& key, int64_t def) {
+    const GGUFValue* v = g.find(key);
+    if (!v) return def;
+    if (v->is_array()) return v->arr_num.empty() ? def : (int64_t)v->arr_num[0];
+    if (v->type == GGUFValueType::STRING) fail("metadata %s is not a number", key.c_str());
+    return v->i;
+}
+
+MixState model_facts(const GGUF& in) {
+    MixState s;
+    s.arch = in.get_str("general.architecture");
+    if (s.arch.empty()) fail("quantize: the model has no general.architecture");
+    s.n_layer = (int)in.get_int(s.arch + ".block_count", 0);
+    s.n_expert = (int)in.get_int(s.arch + ".expert_count", 0);
+    int64_t n_head = first_int(in, s.arch + ".attention.head_count", 0);
+    int64_t n_head_kv = first_int(in, s.arch + ".attention.head_count_kv", n_head);
+    s.n_gqa = n_head_kv > 0 ? (int)(n_head / n_head_kv) : 0;
+    s.is_70b = s.arch == "llama" && s.n_layer == 80 && n_head != n_head_kv;  // llama.cpp's LLM_TYPE_70B
+    return s;
+}
+
+// The mix rules proper (llama_tensor_get_type_impl): new_type is the default type on entry.
+Type mix_type(MixState& qs, const QuantizeOptions& opt, Type new_type, const TensorInfo& t, Category cat) {
+    using F = FileType;
+    const F ft = opt.ftype;
+    const std::string& name = t.name;
+    const bool falcon = qs.arch == "falcon";
+    auto use_more_bits = [](int i, int n) { return i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2; };
+    // Layer of an FFN tensor: the running count, or for MoE models (whose expert tensors need not come in
+    // layer order) the number in the name.
+    auto layer_of = [&](int counter) {
+        int il = counter;
+        if (qs.n_expert > 1) {
+            if (sscanf(name.c_str(), "blk.%d.", &il) != 1) fail("quantize: cannot determine the layer of tensor %s", name.c_str());
+            if (il < 0 || il >= qs.n_layer) fail("quantize: bad layer %d for tensor %s (model has %d)", il, name.c_str(), qs.n_layer);
+        }
+        return il;
+    };
+    const int n_layer = qs.n_layer;
+
+    if (cat == Category::Output || (qs.has_tied_embeddings && cat == Category::TokenEmbd)) {
+        // The output matrix (or the embedding that doubles as it) gets at least 6 bits.
+        if (opt.has_output_tensor_type) {
+            new_type = opt.output_tensor_type;
+        } else if (falcon || t.ne[0] % type_info(new_type).block_size != 0) {
+            new_type = Type::Q8_0;
+        } else if (new_type != Type::Q8_0) {
+            new_type = Type::Q6_K;
+        }
+    } else if (cat == Category::TokenEmbd) {
+        if (opt.has_token_embedding_type) new_type = opt.token_embedding_type;
+    } else if (is_attn_v_like(cat)) {
+        if (ft == F::Q2_K) new_type = qs.n_gqa >= 4 ? Type::Q4_K : Type::Q3_K;
+        else if (ft == F::Q3_K_M) new_type = qs.i_attention_wv < 2 ? Type::Q5_K : Type::Q4_K;
+        else if (ft == F::Q3_K_L) new_type = Type::Q5_K;
+        else if (ft == F::IQ4_NL && qs.n_gqa >= 4) new_type = Type::Q5_K;
+        else if ((ft == F::Q4_K_M || ft == F::Q5_K_M) && use_more_bits(qs.i_attention_wv, qs.n_attention_wv)) new_type = Type::Q6_K;
+        else if (ft == F::Q4_K_S && qs.i_attention_wv < 4) new_type = Type::Q5_K;
+        // 70B: 8 heads share each attn_v, so more bits there cost little.
+        if (qs.is_70b && (new_type == Type::Q3_K || new_type == Type::Q4_K)) new_type = Type::Q5_K;
+        if (qs.n_expert == 8) new_type = Type::Q8_0;
+        ++qs.i_attention_wv;
+    } else if (cat == Category::AttnK) {
+        if (qs.n_expert == 8) new_type = Type::Q8_0;
+    } else if (cat == Category::FfnDown) {
+        const int il = layer_of(qs.i_ffn_down);
+        if (ft == F::Q2_K) new_type = Type::Q3_K;
+        else if (ft == F::Q3_K_M) {
+            new_type = il < n_layer / 16 ? Type::Q5_K : !falcon || use_more_bits(il, n_layer) ? Type::Q4_K : Type::Q3_K;
+        } else if (ft == F::Q3_K_L) {
+            new_type = falcon ? Type::Q4_K : Type::Q5_K;
+        } else if (ft == F::Q4_K_M) {
+            if (falcon) new_type = il < n_layer / 16 ? Type::Q6_K : use_more_bits(il, n_layer) ? Type::Q5_K : Type::Q4_K;
+            else if (use_more_bits(il, n_layer)) new_type = Type::Q6_K;
+        } else if (il < n_layer / 8 && ft == F::IQ4_NL) {  // (no imatrix)
+            new_type = Type::Q5_K;
+        } else if (ft == F::Q5_K_M && use_more_bits(il, n_layer)) {
+            new_type = Type::Q6_K;
+        } else if (ft == F::Q4_K_S && !falcon && il < n_layer / 8) {
+            new_type = Type::Q5_K;
+        }
+        ++qs.i_ffn_down;
+    } else if (cat == Category::AttnOutput) {
+        if (!falcon) {
+            if (qs.n_expert == 8) {
+                if (ft == F::Q2_K || ft == F::Q3_K_S || ft == F::Q3_K_M || ft == F::IQ4_NL || ft == F::Q4_K_S || ft == F::Q4_K_M)
+                    new_type = Type::Q5_K;
+            } else {
+                if (ft == F::Q2_K) new_type = Type::Q3_K;
+                else if (ft == F::Q3_K_M) new_type = Type::Q4_K;
+                else if (ft == F::Q3_K_L) new_type = Type::Q5_K;
+            }
+        } else if (ft == F::Q3_K_L) {
+            new_type = Type::Q4_K;
+        }
+    } else if (cat == Category::FfnGate) {
+        layer_of(qs.i_ffn_gate);  // validates the name as the reference does; no rule for these mixes
+        ++qs.i_ffn_gate;
+    } else if (cat == Category::FfnUp) {
+        layer_of(qs.i_ffn_up);
+        ++qs.i_ffn_up;
+    }
+    return new_type;
+}
+
+// A row length the chosen type cannot hold falls back to a type with 32-element blocks, or to F16.
+Type fallback_type(MixState& qs, const TensorInfo& t, Type type) {
+    const int64_t bs = type_info(type).block_size;
+    if (t.ne[0] % bs == 0) return type;
+    ++qs.n_fallback;
+    Type r;
+    switch (type) {
+        case Type::Q2_K: case Type::Q3_K: r = Type::IQ4_NL; break;  // as llama-quant.cpp: the nearest 32-block type
+        case Type::Q4_K: r = Type::Q5_0; break;
+        case Type::Q5_K: r = Type::Q5_1; break;
+        case Type::Q6_K: r = Type::Q8_0; break;
+        default: fail("quantize: tensor %s: row length %lld is not a multiple of %lld and %s has no fallback type",
+                      t.name.c_str(), (long long)t.ne[0], (long long)bs, type_info(type).name);
+    }
+    if (t.ne[0] % type_info(r).block_size != 0) r = Type::F16;
+    return r;
+}
+
+// llama_tensor_get_type: the options that name a type win, then the mix rules, then the fallback.
+Type tensor_type(MixState& qs, const QuantizeOptions& opt, const TensorInfo& t, Category cat) {
+    if (!allows_quantization(t, opt)) return t.type;
+    if (opt.has_token_embedding_type && cat == Category::TokenEmbd) return opt.token_embedding_type;
+    if (opt.has_output_tensor_type && cat == Category::Output) return opt.output_tensor_type;
+    Type new_type = info(opt.ftype).type;
+    if (!is_quantized(new_type)) return new_type;
+    if (!opt.pure) new_type = mix_type(qs, opt, new_type, t, cat);
+    return fallback_type(qs, t, new_type);
+}
+
+// The reference's tensor order (llama_model_loader's weight map): tensors outside the layers first, by
+// name, then by layer number, by name within a layer.
+std::vector<const TensorInfo*> output_order(const GGUF& in) {
+    std::vector<const TensorInfo*> v;
+    for (const auto& t : in.tensors) v.push_back(&t);
+    auto layer = [](const std::string& n) {
+        int il = -1;
+        sscanf(n.c_str(), "blk.%d.", &il);
+        return il;
+    };
+    std::stable_sort(v.begin(), v.end(), [&](const TensorInfo* a, const TensorInfo* b) {
+        int la = layer(a->name), lb = layer(b->name);
+        return la != lb ? la < lb : a->name < b->name;
+    });
+    return v;
+}
+
+size_t tensor_bytes(Type t, const TensorInfo& ti) { return row_bytes(t, ti.ne[0]) * (size_t)(ti.nelements() / ti.ne[0]); }
+
+// Converts one row of any input type to float.
+void row_to_f32(const TensorInfo& t, int64_t row, float* out) {
+    const int64_t n = t.ne[0];
+    const uint8_t* src = t.data + (size_t)row * row_bytes(t.type, n);
+    switch (t.type) {
+        case Type::F32: memcpy(out, src, (size_t)n * 4); break;
+        case Type::F16: for (int64_t i = 0; i < n; i++) out[i] = fp16_to_fp32(((const uint16_t*)src)[i]); break;
+        case Type::BF16: for (int64_t i = 0; i < n; i++) out[i] = bf16_to_fp32(((const uint16_t*)src)[i]); break;
+        default: dequantize_row(t.type, src, out, n); break;
+    }
+}
+
+// ggml_validate_row_data for what we produce: no NaN or infinity in float data or in block scales.
+bool valid_output(Type t, const uint8_t* p, size_t nbytes) {
+    auto bad_f16 = [](const uint8_t* q) {
+        uint16_t h;
+        memcpy(&h, q, 2);
+        return (h & 0x7c00) == 0x7c00;
+    };
+    switch (t) {
+        case Type::F32:
+            for (size_t i = 0; i < nbytes; i += 4) {
+                float f;
+                memcpy(&f, p + i, 4);
+                if (!std::isfinite(f)) return false;
+            }
+            return true;
+        case Type::F16:
+            for (size_t i = 0; i < nbytes; i += 2)
+                if (bad_f16(p + i)) return false;
+            return true;
+        case Type::BF16:
+            for (size_t i = 0; i < nbytes; i += 2) {
+                uint16_t h;
+                memcpy(&h, p + i, 2);
+                if ((h & 0x7f80) == 0x7f80) return false;
+            }
+            return true;
+        default: break;
+    }
+    // Offsets of the fp16 scale fields within a block.
+    std::vector<size_t> fields;
+    switch (t) {
+        case Type::Q4_0: case Type::Q5_0: case Type::Q8_0: case Type::IQ4_NL: fields = {0}; break;
+        case Type::Q4_1: case Type::Q5_1: case Type::Q4_K: case Type::Q5_K: fields = {0, 2}; break;
+        case Type::Q2_K: fields = {offsetof(block_q2_K, d), offsetof(block_q2_K, dmin)}; break;
+        case Type::Q3_K: fields = {offsetof(block_q3_K, d)}; break;
+        case Type::Q6_K: fields = {offsetof(block_q6_K, d)}; break;
+        default: return true;
+    }
+    const size_t bb = type_info(t).block_bytes;
+    for (size_t b = 0; b + bb <= nbytes; b += bb)
+        for (size_t f : fields)
+            if (bad_f16(p + b + f)) return false;
+    return true;
+}
+
+// Quantizes rows [r0, r1) of t to `type` into out, on n_threads threads.
+void quantize_rows(const TensorInfo& t, Type type, int64_t r0, int64_t r1, uint8_t* out, int n_threads) {
+    const int64_t n = t.ne[0];
+    const size_t rb = row_bytes(type, n);
+    std::atomic<int64_t> next{r0};
+    const int64_t chunk = std::max<int64_t>(1, 16384 / n);
+    std::exception_ptr error;
+    std::mutex error_mutex;
+    auto work = [&] {
+        try {
+            std::vector<float> f32((size_t)n);
+            for (;;) {
+                int64_t a = next.fetch_add(chunk);
+                if (a >= r1) break;
+                for (int64_t r = a; r < std::min(r1, a + chunk); r++) {
+                    uint8_t* dst = out + (size_t)(r - r0) * rb;
+                    if (type == Type::F32) {
+                        row_to_f32(t, r, (float*)dst);
+                    } else {
+                        row_to_f32(t, r, f32.data());
+                        quantize_row_weights(type, f32.data(), dst, n);
+                    }
+                }
+            }
+        } catch (...) {
+            std::lock_guard<std::mutex> lock(error_mutex);
+            if (!error) error = std::current_exception();
+        }
+    };
+    int64_t n_chunks = (r1 - r0 + chunk - 1) / chunk;
+    int nt = (int)std::max<int64_t>(1, std::min<int64_t>(n_threads, n_chunks));
+    std::vector<std::thread> threads;
+    for (int i = 1; i < nt; i++) threads.emplace_back(work);
+    work();
+    for (auto& th : threads) th.join();
+    if (error) std::rethrow_exception(error);
+}
+
+} // namespace qmix
+
+FileType file_type_from_name(const std::string& name) {
+    std::string up;
+    for (char c : name) up += (char)toupper((unsigned char)c);
+    if (up == "Q3_K") return FileType::Q3_K_M;  // llama-quantize's aliases
+    if (up == "Q4_K") return FileType::Q4_K_M;
+    if (up == "Q5_K") return FileType::Q5_K_M;
+    for (const auto& e : qmix::kFileTypes)
+        if (up == e.name) return e.ft;
+    if (!up.empty() && up.size() < 4 && std::all_of(up.begin(), up.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+        int id = std::stoi(up);
+        for (const auto& e : qmix::kFileTypes)
+            if ((int)e.ft == id) return e.ft;
+    }
+    std::string known;
+    for (const auto& e : qmix::kFileTypes) known += std::string(" ") + e.name;
+    fail("unknown quantization type '%s' (known:%s, Q3_K, Q4_K, Q5_K)", name.c_str(), known.c_str());
+}
+
+const char* file_type_name(FileType ft) { return qmix::info(ft).name; }
+Type file_type_default(FileType ft) { return qmix::info(ft).type; }
+
+QuantizeResult quantize_plan(const GGUF& in, const QuantizeOptions& opt) {
+    using namespace qmix;
+    QuantizeResult res;
+    MixState qs = model_facts(in);
+    std::vector<const TensorInfo*> order = output_order(in);
+    for (const TensorInfo* t : order) {
+        Category c = category_of(t->name);
+        if (is_attn_v_like(c)) qs.n_attention_wv++;
+        if (c == Category::Output) qs.has_tied_embeddings = false;
+    }
+    for (const TensorInfo* t : order) {
+        QuantizePlanEntry e;
+        e.src = t;
+        e.type = tensor_type(qs, opt, *t, category_of(t->name));
+        e.nbytes = tensor_bytes(e.type, *t);
+        if (e.type != t->type && is_quantized(t->type) && !opt.allow_requantize) {
+            fail("tensor %s is already quantized (%s): requantizing is disabled (use --allow-requantize)",
+                 t->name.c_str(), type_info(t->type).name);
+        }
+        res.bytes_in += t->nbytes;
+        res.bytes_out += e.nbytes;
+        res.n_elements += t->nelements();
+        res.plan.push_back(e);
+    }
+    res.n_fallback = qs.n_fallback;
+    return res;
+}
+
+QuantizeResult quantize_model(const std::string& in_path, const std::string& out_path, const QuantizeOptions& opt) {
+    using namespace qmix;
+    const double t0 = now_seconds();
+    std::unique_ptr<GGUF> in = GGUF::open(in_path);
+    QuantizeResult res = quantize_plan(*in, opt);
+    int n_threads = opt.n_threads > 0 ? opt.n_threads : (int)std::max(1u, std::thread::hardware_concurrency());
+
+    GGUFWriter w(in->alignment);
+    w.set_kv(in->kv);
+    w.set_u32("general.quantization_version", 2);
+    w.set_u32("general.file_type", (uint32_t)opt.ftype);
+    for (const char* k : {"split.no", "split.count", "split.tensors.count"}) w.remove(k);
+    for (const auto& e : res.plan) w.add_tensor(e.src->name, e.type, e.src->ne);
+    if (!opt.dry_run) w.open(out_path);
+
+    const size_t kBatchBytes = 64u << 20;  // output buffered per step: bounds memory for any tensor size
+    std::vector<uint8_t> buf;
+    const size_t n = res.plan.size();
+    for (size_t i = 0; i < n; i++) {
+        const QuantizePlanEntry& e = res.plan[i];
+        const TensorInfo& t = *e.src;
+        const double ts = now_seconds();
+        if (!opt.dry_run) {
+            if (e.type == t.type) {
+                w.write_data(t.data, t.nbytes);
+            } else {
+                const int64_t nrows = t.nelements() / t.ne[0];
+                const size_t rb = row_bytes(e.type, t.ne[0]);
+                const int64_t batch = std::max<int64_t>(1, (int64_t)(kBatchBytes / std::max<size_t>(rb, 1)));
+                for (int64_t r0 = 0; r0 < nrows; r0 += batch) {
+                    const int64_t r1 = std::min(nrows, r0 + batch);
+                    buf.resize((size_t)(r1 - r0) * rb);
+                    quantize_rows(t, e.type, r0, r1, buf.data(), n_threads);
+                    if (!valid_output(e.type, buf.data(), buf.size())) {
+                        fail("tensor %s: quantized data contains NaN or infinity (is the input finite?)", t.name.c_str());
+                    }
+                    w.write_data(buf.data(), buf.size());
+                }
+            }
+        }
+        if (opt.verbose) {
+            char shape[96];
+            snprintf(shape, sizeof shape, "%lld x %lld x %lld x %lld", (long long)t.ne[0], (long long)t.ne[1],
+                     (long long)t.ne[2], (long long)t.ne[3]);
+            fprintf(stderr, "[%4zu/%4zu] %-36s [%s] %6s -> %-6s %9.3f MiB -> %9.3f MiB  %.2f s\n", i + 1, n,
+                    t.name.c_str(), shape, type_info(t.type).name, type_info(e.type).name, t.nbytes / 1048576.0,
+                    e.nbytes / 1048576.0, now_seconds() - ts);
+        }
+    }
+    buf = std::vector<uint8_t>();
+    if (!opt.dry_run) w.finish();
+    res.seconds = now_seconds() - t0;
+    if (opt.verbose) {
+        const double ne = (double)std::max<int64_t>(1, res.n_elements);
+        fprintf(stderr, "%s: %s %s -> %s%s\n", opt.dry_run ? "dry run" : "quantized", file_type_name(opt.ftype),
+                in_path.c_str(), opt.dry_run ? "(nothing written)" : out_path.c_str(), opt.pure ? " (pure)" : "");
+        fprintf(stderr, "  input  %10.2f MiB tensor data (%.2f bits per weight)\n", res.bytes_in / 1048576.0, res.bytes_in * 8.0 / ne);
+        fprintf(stderr, "  output %10.2f MiB tensor data (%.2f bits per weight), file %.2f MiB\n", res.bytes_out / 1048576.0,
+                res.bytes_out * 8.0 / ne, (w.meta_size() + w.data_size()) / 1048576.0);
+        if (res.n_fallback) fprintf(stderr, "  %d of %zu tensors needed a fallback type (row length not a multiple of the block size)\n", res.n_fallback, n);
+        fprintf(stderr, "  time %.2f s, %d threads\n", res.seconds, n_threads);
+    }
+    return res;
+}
+// ============================================================================================
+// 10. Tokenizer
+// ============================================================================================
+// Reproduces llama.cpp's tokenizers token for token (src/llama-vocab.cpp, src/unicode.cpp):
+//  - SentencePiece ("llama"): bigram merges by score over UTF-8 characters, byte fallback <0xXX>.
+//  - byte-level BPE ("gpt2"): a pre-tokenizer splits the text into words (per tokenizer.ggml.pre),
+//    each word's bytes are mapped to printable code points (GPT-2's bytes_to_unicode), then merged by
+//    merge rank.
+// The pre-tokenizers are regular expressions in the reference. Instead of a regex engine, each
+// expression is a hand-written matcher below that returns the length of the match at a position,
+// following ECMAScript semantics (ordered alternation, greedy quantifiers with backtracking) and the
+// reference's character classes exactly, including its quirks: \p{..} is evaluated on a "collapsed"
+// text where every non-ASCII code point stands for its category (so \p{S} misses ASCII '~'), and
+// \s is the Unicode White_Space property.
+
+namespace tokenizer_impl {
+
+// BEGIN generated unicode tables (scripts/gen-unicode-tables.py)
+// Generated by scripts/gen-unicode-tables.py from Python 3.11.7's unicodedata (Unicode 14.0.0).
+// Do not edit; rerun the script instead.
+
+// (first code point << 8) | flags; a run lasts until the next entry's first code point.
+// flags: bits 0-2 UCat (other, number, letter, mark, punct, symbol, control), bit 3 White_Space.
+static const uint32_t kUnicodeRanges[] = {
+    0x0000006, 0x000090E, 0x0000E06, 0x0002008, 0x0002104, 0x0002405, 0x0002504, 0x0002B05,
+    0x0002C04, 0x0003001, 0x0003A04, 0x0003C05, 0x0003F04, 0x0004102, 0x0005B04, 0x0005E05,
+    0x0005F04, 0x0006005, 0x0006102, 0x0007B04, 0x0007C05, 0x0007D04, 0x0007E05, 0x0007F06,
+    0x000850E, 0x0008606, 0x000A008, 0x000A104, 0x000A205, 0x000A704, 0x000A805, 0x000AA02,
+    0x000AB04, 0x000AC05, 0x000AD06, 0x000AE05, 0x000B201, 0x000B405, 0x000B502, 0x000B604,
+    0x000B805, 0x000B901, 0x000BA02, 0x000BB04, 0x000BC01, 0x000BF04, 0x000C002, 0x000D705,
+    0x000D802, 0x000F705, 0x000F802, 0x002C205, 0x002C602, 0x002D205, 0x002E002, 0x002E505,
+    0x002EC02, 0x002ED05, 0x002EE02, 0x002EF05, 0x0030003, 0x0037002, 0x0037505, 0x0037602,
+    0x0037800, 0x0037A02, 0x0037E04, 0x0037F02, 0x0038000, 0x0038405, 0x0038602, 0x0038704,
+    0x0038802, 0x0038B00, 0x0038C02, 0x0038D00, 0x0038E02, 0x003A200, 0x003A302, 0x003F605,
+    0x003F702, 0x0048205, 0x0048303, 0x0048A02, 0x0053000, 0x0053102, 0x0055700, 0x0055902,
+    0x0055A04, 0x0056002, 0x0058904, 0x0058B00, 0x0058D05, 0x0059000, 0x0059103, 0x005BE04,
+    0x005BF03, 0x005C004, 0x005C103, 0x005C304, 0x005C403, 0x005C604, 0x005C703, 0x005C800,
+    0x005D002, 0x005EB00, 0x005EF02, 0x005F304, 0x005F500, 0x0060006, 0x0060605, 0x0060904,
+    0x0060B05, 0x0060C04, 0x0060E05, 0x0061003, 0x0061B04, 0x0061C06, 0x0061D04, 0x0062002,
+    0x0064B03, 0x0066001, 0x0066A04, 0x0066E02, 0x0067003, 0x0067102, 0x006D404, 0x006D502,
+    0x006D603, 0x006DD06, 0x006DE05, 0x006DF03, 0x006E502, 0x006E703, 0x006E905, 0x006EA03,
+    0x006EE02, 0x006F001, 0x006FA02, 0x006FD05, 0x006FF02, 0x0070004, 0x0070E00, 0x0070F06,
+    0x0071002, 0x0071103, 0x0071202, 0x0073003, 0x0074B00, 0x0074D02, 0x007A603, 0x007B102,
+    0x007B200, 0x007C001, 0x007CA02, 0x007EB03, 0x007F402, 0x007F605, 0x007F704, 0x007FA02,
+    0x007FB00, 0x007FD03, 0x007FE05, 0x0080002, 0x0081603, 0x0081A02, 0x0081B03, 0x0082402,
+    0x0082503, 0x0082802, 0x0082903, 0x0082E00, 0x0083004, 0x0083F00, 0x0084002, 0x0085903,
+    0x0085C00, 0x0085E04, 0x0085F00, 0x0086002, 0x0086B00, 0x0087002, 0x0088805, 0x0088902,
+    0x0088F00, 0x0089006, 0x0089200, 0x0089803, 0x008A002, 0x008CA03, 0x008E206, 0x008E303,
+    0x0090402, 0x0093A03, 0x0093D02, 0x0093E03, 0x0095002, 0x0095103, 0x0095802, 0x0096203,
+    0x0096404, 0x0096601, 0x0097004, 0x0097102, 0x0098103, 0x0098400, 0x0098502, 0x0098D00,
+    0x0098F02, 0x0099100, 0x0099302, 0x009A900, 0x009AA02, 0x009B100, 0x009B202, 0x009B300,
+    0x009B602, 0x009BA00, 0x009BC03, 0x009BD02, 0x009BE03, 0x009C500, 0x009C703, 0x009C900,
+    0x009CB03, 0x009CE02, 0x009CF00, 0x009D703, 0x009D800, 0x009DC02, 0x009DE00, 0x009DF02,
+    0x009E203, 0x009E400, 0x009E601, 0x009F002, 0x009F205, 0x009F401, 0x009FA05, 0x009FC02,
+    0x009FD04, 0x009FE03, 0x009FF00, 0x00A0103, 0x00A0400, 0x00A0502, 0x00A0B00, 0x00A0F02,
+    0x00A1100, 0x00A1302, 0x00A2900, 0x00A2A02, 0x00A3100, 0x00A3202, 0x00A3400, 0x00A3502,
+    0x00A3700, 0x00A3802, 0x00A3A00, 0x00A3C03, 0x00A3D00, 0x00A3E03, 0x00A4300, 0x00A4703,
+    0x00A4900, 0x00A4B03, 0x00A4E00, 0x00A5103, 0x00A5200, 0x00A5902, 0x00A5D00, 0x00A5E02,
+    0x00A5F00, 0x00A6601, 0x00A7003, 0x00A7202, 0x00A7503, 0x00A7604, 0x00A7700, 0x00A8103,
+    0x00A8400, 0x00A8502, 0x00A8E00, 0x00A8F02, 0x00A9200, 0x00A9302, 0x00AA900, 0x00AAA02,
+    0x00AB100, 0x00AB202, 0x00AB400, 0x00AB502, 0x00ABA00, 0x00ABC03, 0x00ABD02, 0x00ABE03,
+    0x00AC600, 0x00AC703, 0x00ACA00, 0x00ACB03, 0x00ACE00, 0x00AD002, 0x00AD100, 0x00AE002,
+    0x00AE203, 0x00AE400, 0x00AE601, 0x00AF004, 0x00AF105, 0x00AF200, 0x00AF902, 0x00AFA03,
+    0x00B0000, 0x00B0103, 0x00B0400, 0x00B0502, 0x00B0D00, 0x00B0F02, 0x00B1100, 0x00B1302,
+    0x00B2900, 0x00B2A02, 0x00B3100, 0x00B3202, 0x00B3400, 0x00B3502, 0x00B3A00, 0x00B3C03,
+    0x00B3D02, 0x00B3E03, 0x00B4500, 0x00B4703, 0x00B4900, 0x00B4B03, 0x00B4E00, 0x00B5503,
+    0x00B5800, 0x00B5C02, 0x00B5E00, 0x00B5F02, 0x00B6203, 0x00B6400, 0x00B6601, 0x00B7005,
+    0x00B7102, 0x00B7201, 0x00B7800, 0x00B8203, 0x00B8302, 0x00B8400, 0x00B8502, 0x00B8B00,
+    0x00B8E02, 0x00B9100, 0x00B9202, 0x00B9600, 0x00B9902, 0x00B9B00, 0x00B9C02, 0x00B9D00,
+    0x00B9E02, 0x00BA000, 0x00BA302, 0x00BA500, 0x00BA802, 0x00BAB00, 0x00BAE02, 0x00BBA00,
+    0x00BBE03, 0x00BC300, 0x00BC603, 0x00BC900, 0x00BCA03, 0x00BCE00, 0x00BD002, 0x00BD100,
+    0x00BD703, 0x00BD800, 0x00BE601, 0x00BF305, 0x00BFB00, 0x00C0003, 0x00C0502, 0x00C0D00,
+    0x00C0E02, 0x00C1100, 0x00C1202, 0x00C2900, 0x00C2A02, 0x00C3A00, 0x00C3C03, 0x00C3D02,
+    0x00C3E03, 0x00C4500, 0x00C4603, 0x00C4900, 0x00C4A03, 0x00C4E00, 0x00C5503, 0x00C5700,
+    0x00C5802, 0x00C5B00, 0x00C5D02, 0x00C5E00, 0x00C6002, 0x00C6203, 0x00C6400, 0x00C6601,
+    0x00C7000, 0x00C7704, 0x00C7801, 0x00C7F05, 0x00C8002, 0x00C8103, 0x00C8404, 0x00C8502,
+    0x00C8D00, 0x00C8E02, 0x00C9100, 0x00C9202, 0x00CA900, 0x00CAA02, 0x00CB400, 0x00CB502,
+    0x00CBA00, 0x00CBC03, 0x00CBD02, 0x00CBE03, 0x00CC500, 0x00CC603, 0x00CC900, 0x00CCA03,
+    0x00CCE00, 0x00CD503, 0x00CD700, 0x00CDD02, 0x00CDF00, 0x00CE002, 0x00CE203, 0x00CE400,
+    0x00CE601, 0x00CF000, 0x00CF102, 0x00CF300, 0x00D0003, 0x00D0402, 0x00D0D00, 0x00D0E02,
+    0x00D1100, 0x00D1202, 0x00D3B03, 0x00D3D02, 0x00D3E03, 0x00D4500, 0x00D4603, 0x00D4900,
+    0x00D4A03, 0x00D4E02, 0x00D4F05, 0x00D5000, 0x00D5402, 0x00D5703, 0x00D5801, 0x00D5F02,
+    0x00D6203, 0x00D6400, 0x00D6601, 0x00D7905, 0x00D7A02, 0x00D8000, 0x00D8103, 0x00D8400,
+    0x00D8502, 0x00D9700, 0x00D9A02, 0x00DB200, 0x00DB302, 0x00DBC00, 0x00DBD02, 0x00DBE00,
+    0x00DC002, 0x00DC700, 0x00DCA03, 0x00DCB00, 0x00DCF03, 0x00DD500, 0x00DD603, 0x00DD700,
+    0x00DD803, 0x00DE000, 0x00DE601, 0x00DF000, 0x00DF203, 0x00DF404, 0x00DF500, 0x00E0102,
+    0x00E3103, 0x00E3202, 0x00E3403, 0x00E3B00, 0x00E3F05, 0x00E4002, 0x00E4703, 0x00E4F04,
+    0x00E5001, 0x00E5A04, 0x00E5C00, 0x00E8102, 0x00E8300, 0x00E8402, 0x00E8500, 0x00E8602,
+    0x00E8B00, 0x00E8C02, 0x00EA400, 0x00EA502, 0x00EA600, 0x00EA702, 0x00EB103, 0x00EB202,
+    0x00EB403, 0x00EBD02, 0x00EBE00, 0x00EC002, 0x00EC500, 0x00EC602, 0x00EC700, 0x00EC803,
+    0x00ECE00, 0x00ED001, 0x00EDA00, 0x00EDC02, 0x00EE000, 0x00F0002, 0x00F0105, 0x00F0404,
+    0x00F1305, 0x00F1404, 0x00F1505, 0x00F1803, 0x00F1A05, 0x00F2001, 0x00F3405, 0x00F3503,
+    0x00F3605, 0x00F3703, 0x00F3805, 0x00F3903, 0x00F3A04, 0x00F3E03, 0x00F4002, 0x00F4800,
+    0x00F4902, 0x00F6D00, 0x00F7103, 0x00F8504, 0x00F8603, 0x00F8802, 0x00F8D03, 0x00F9800,
+    0x00F9903, 0x00FBD00, 0x00FBE05, 0x00FC603, 0x00FC705, 0x00FCD00, 0x00FCE05, 0x00FD004,
+    0x00FD505, 0x00FD904, 0x00FDB00, 0x0100002, 0x0102B03, 0x0103F02, 0x0104001, 0x0104A04,
+    0x0105002, 0x0105603, 0x0105A02, 0x0105E03, 0x0106102, 0x0106203, 0x0106502, 0x0106703,
+    0x0106E02, 0x0107103, 0x0107502, 0x0108203, 0x0108E02, 0x0108F03, 0x0109001, 0x0109A03,
+    0x0109E05, 0x010A002, 0x010C600, 0x010C702, 0x010C800, 0x010CD02, 0x010CE00, 0x010D002,
+    0x010FB04, 0x010FC02, 0x0124900, 0x0124A02, 0x0124E00, 0x0125002, 0x0125700, 0x0125802,
+    0x0125900, 0x0125A02, 0x0125E00, 0x0126002, 0x0128900, 0x0128A02, 0x0128E00, 0x0129002,
+    0x012B100, 0x012B202, 0x012B600, 0x012B802, 0x012BF00, 0x012C002, 0x012C100, 0x012C202,
+    0x012C600, 0x012C802, 0x012D700, 0x012D802, 0x0131100, 0x0131202, 0x0131600, 0x0131802,
+    0x0135B00, 0x0135D03, 0x0136004, 0x0136901, 0x0137D00, 0x0138002, 0x0139005, 0x0139A00,
+    0x013A002, 0x013F600, 0x013F802, 0x013FE00, 0x0140004, 0x0140102, 0x0166D05, 0x0166E04,
+    0x0166F02, 0x0168008, 0x0168102, 0x0169B04, 0x0169D00, 0x016A002, 0x016EB04, 0x016EE01,
+    0x016F102, 0x016F900, 0x0170002, 0x0171203, 0x0171600, 0x0171F02, 0x0173203, 0x0173504,
+    0x0173700, 0x0174002, 0x0175203, 0x0175400, 0x0176002, 0x0176D00, 0x0176E02, 0x0177100,
+    0x0177203, 0x0177400, 0x0178002, 0x017B403, 0x017D404, 0x017D702, 0x017D804, 0x017DB05,
+    0x017DC02, 0x017DD03, 0x017DE00, 0x017E001, 0x017EA00, 0x017F001, 0x017FA00, 0x0180004,
+    0x0180B03, 0x0180E06, 0x0180F03, 0x0181001, 0x0181A00, 0x0182002, 0x0187900, 0x0188002,
+    0x0188503, 0x0188702, 0x018A903, 0x018AA02, 0x018AB00, 0x018B002, 0x018F600, 0x0190002,
+    0x0191F00, 0x0192003, 0x0192C00, 0x0193003, 0x0193C00, 0x0194005, 0x0194100, 0x0194404,
+    0x0194601, 0x0195002, 0x0196E00, 0x0197002, 0x0197500, 0x0198002, 0x019AC00, 0x019B002,
+    0x019CA00, 0x019D001, 0x019DB00, 0x019DE05, 0x01A0002, 0x01A1703, 0x01A1C00, 0x01A1E04,
+    0x01A2002, 0x01A5503, 0x01A5F00, 0x01A6003, 0x01A7D00, 0x01A7F03, 0x01A8001, 0x01A8A00,
+    0x01A9001, 0x01A9A00, 0x01AA004, 0x01AA702, 0x01AA804, 0x01AAE00, 0x01AB003, 0x01ACF00,
+    0x01B0003, 0x01B0502, 0x01B3403, 0x01B4502, 0x01B4D00, 0x01B5001, 0x01B5A04, 0x01B6105,
+    0x01B6B03, 0x01B7405, 0x01B7D04, 0x01B7F00, 0x01B8003, 0x01B8302, 0x01BA103, 0x01BAE02,
+    0x01BB001, 0x01BBA02, 0x01BE603, 0x01BF400, 0x01BFC04, 0x01C0002, 0x01C2403, 0x01C3800,
+    0x01C3B04, 0x01C4001, 0x01C4A00, 0x01C4D02, 0x01C5001, 0x01C5A02, 0x01C7E04, 0x01C8002,
+    0x01C8900, 0x01C9002, 0x01CBB00, 0x01CBD02, 0x01CC004, 0x01CC800, 0x01CD003, 0x01CD304,
+    0x01CD403, 0x01CE902, 0x01CED03, 0x01CEE02, 0x01CF403, 0x01CF502, 0x01CF703, 0x01CFA02,
+    0x01CFB00, 0x01D0002, 0x01DC003, 0x01E0002, 0x01F1600, 0x01F1802, 0x01F1E00, 0x01F2002,
+    0x01F4600, 0x01F4802, 0x01F4E00, 0x01F5002, 0x01F5800, 0x01F5902, 0x01F5A00, 0x01F5B02,
+    0x01F5C00, 0x01F5D02, 0x01F5E00, 0x01F5F02, 0x01F7E00, 0x01F8002, 0x01FB500, 0x01FB602,
+    0x01FBD05, 0x01FBE02, 0x01FBF05, 0x01FC202, 0x01FC500, 0x01FC602, 0x01FCD05, 0x01FD002,
+    0x01FD400, 0x01FD602, 0x01FDC00, 0x01FDD05, 0x01FE002, 0x01FED05, 0x01FF000, 0x01FF202,
+    0x01FF500, 0x01FF602, 0x01FFD05, 0x01FFF00, 0x0200008, 0x0200B06, 0x0201004, 0x0202808,
+    0x0202A06, 0x0202F08, 0x0203004, 0x0204405, 0x0204504, 0x0205205, 0x0205304, 0x0205F08,
+    0x0206006, 0x0206500, 0x0206606, 0x0207001, 0x0207102, 0x0207200, 0x0207401, 0x0207A05,
+    0x0207D04, 0x0207F02, 0x0208001, 0x0208A05, 0x0208D04, 0x0208F00, 0x0209002, 0x0209D00,
+    0x020A005, 0x020C100, 0x020D003, 0x020F100, 0x0210005, 0x0210202, 0x0210305, 0x0210702,
+    0x0210805, 0x0210A02, 0x0211405, 0x0211502, 0x0211605, 0x0211902, 0x0211E05, 0x0212402,
+    0x0212505, 0x0212602, 0x0212705, 0x0212802, 0x0212905, 0x0212A02, 0x0212E05, 0x0212F02,
+    0x0213A05, 0x0213C02, 0x0214005, 0x0214502, 0x0214A05, 0x0214E02, 0x0214F05, 0x0215001,
+    0x0218302, 0x0218501, 0x0218A05, 0x0218C00, 0x0219005, 0x0230804, 0x0230C05, 0x0232904,
+    0x0232B05, 0x0242700, 0x0244005, 0x0244B00, 0x0246001, 0x0249C05, 0x024EA01, 0x0250005,
+    0x0276804, 0x0277601, 0x0279405, 0x027C504, 0x027C705, 0x027E604, 0x027F005, 0x0298304,
+    0x0299905, 0x029D804, 0x029DC05, 0x029FC04, 0x029FE05, 0x02B7400, 0x02B7605, 0x02B9600,
+    0x02B9705, 0x02C0002, 0x02CE505, 0x02CEB02, 0x02CEF03, 0x02CF202, 0x02CF400, 0x02CF904,
+    0x02CFD01, 0x02CFE04, 0x02D0002, 0x02D2600, 0x02D2702, 0x02D2800, 0x02D2D02, 0x02D2E00,
+    0x02D3002, 0x02D6800, 0x02D6F02, 0x02D7004, 0x02D7100, 0x02D7F03, 0x02D8002, 0x02D9700,
+    0x02DA002, 0x02DA700, 0x02DA802, 0x02DAF00, 0x02DB002, 0x02DB700, 0x02DB802, 0x02DBF00,
+    0x02DC002, 0x02DC700, 0x02DC802, 0x02DCF00, 0x02DD002, 0x02DD700, 0x02DD802, 0x02DDF00,
+    0x02DE003, 0x02E0004, 0x02E2F02, 0x02E3004, 0x02E5005, 0x02E5204, 0x02E5E00, 0x02E8005,
+    0x02E9A00, 0x02E9B05, 0x02EF400, 0x02F0005, 0x02FD600, 0x02FF005, 0x02FFC00, 0x0300008,
+    0x0300104, 0x0300405, 0x0300502, 0x0300701, 0x0300804, 0x0301205, 0x0301404, 0x0302005,
+    0x0302101, 0x0302A03, 0x0303004, 0x0303102, 0x0303605, 0x0303801, 0x0303B02, 0x0303D04,
+    0x0303E05, 0x0304000, 0x0304102, 0x0309700, 0x0309903, 0x0309B05, 0x0309D02, 0x030A004,
+    0x030A102, 0x030FB04, 0x030FC02, 0x0310000, 0x0310502, 0x0313000, 0x0313102, 0x0318F00,
+    0x0319005, 0x0319201, 0x0319605, 0x031A002, 0x031C005, 0x031E400, 0x031F002, 0x0320005,
+    0x0321F00, 0x0322001, 0x0322A05, 0x0324801, 0x0325005, 0x0325101, 0x0326005, 0x0328001,
+    0x0328A05, 0x032B101, 0x032C005, 0x0340002, 0x04DC005, 0x04E0002, 0x0A48D00, 0x0A49005,
+    0x0A4C700, 0x0A4D002, 0x0A4FE04, 0x0A50002, 0x0A60D04, 0x0A61002, 0x0A62001, 0x0A62A02,
+    0x0A62C00, 0x0A64002, 0x0A66F03, 0x0A67304, 0x0A67403, 0x0A67E04, 0x0A67F02, 0x0A69E03,
+    0x0A6A002, 0x0A6E601, 0x0A6F003, 0x0A6F204, 0x0A6F800, 0x0A70005, 0x0A71702, 0x0A72005,
+    0x0A72202, 0x0A78905, 0x0A78B02, 0x0A7CB00, 0x0A7D002, 0x0A7D200, 0x0A7D302, 0x0A7D400,
+    0x0A7D502, 0x0A7DA00, 0x0A7F202, 0x0A80203, 0x0A80302, 0x0A80603, 0x0A80702, 0x0A80B03,
+    0x0A80C02, 0x0A82303, 0x0A82805, 0x0A82C03, 0x0A82D00, 0x0A83001, 0x0A83605, 0x0A83A00,
+    0x0A84002, 0x0A87404, 0x0A87800, 0x0A88003, 0x0A88202, 0x0A8B403, 0x0A8C600, 0x0A8CE04,
+    0x0A8D001, 0x0A8DA00, 0x0A8E003, 0x0A8F202, 0x0A8F804, 0x0A8FB02, 0x0A8FC04, 0x0A8FD02,
+    0x0A8FF03, 0x0A90001, 0x0A90A02, 0x0A92603, 0x0A92E04, 0x0A93002, 0x0A94703, 0x0A95400,
+    0x0A95F04, 0x0A96002, 0x0A97D00, 0x0A98003, 0x0A98402, 0x0A9B303, 0x0A9C104, 0x0A9CE00,
+    0x0A9CF02, 0x0A9D001, 0x0A9DA00, 0x0A9DE04, 0x0A9E002, 0x0A9E503, 0x0A9E602, 0x0A9F001,
+    0x0A9FA02, 0x0A9FF00, 0x0AA0002, 0x0AA2903, 0x0AA3700, 0x0AA4002, 0x0AA4303, 0x0AA4402,
+    0x0AA4C03, 0x0AA4E00, 0x0AA5001, 0x0AA5A00, 0x0AA5C04, 0x0AA6002, 0x0AA7705, 0x0AA7A02,
+    0x0AA7B03, 0x0AA7E02, 0x0AAB003, 0x0AAB102, 0x0AAB203, 0x0AAB502, 0x0AAB703, 0x0AAB902,
+    0x0AABE03, 0x0AAC002, 0x0AAC103, 0x0AAC202, 0x0AAC300, 0x0AADB02, 0x0AADE04, 0x0AAE002,
+    0x0AAEB03, 0x0AAF004, 0x0AAF202, 0x0AAF503, 0x0AAF700, 0x0AB0102, 0x0AB0700, 0x0AB0902,
+    0x0AB0F00, 0x0AB1102, 0x0AB1700, 0x0AB2002, 0x0AB2700, 0x0AB2802, 0x0AB2F00, 0x0AB3002,
+    0x0AB5B05, 0x0AB5C02, 0x0AB6A05, 0x0AB6C00, 0x0AB7002, 0x0ABE303, 0x0ABEB04, 0x0ABEC03,
+    0x0ABEE00, 0x0ABF001, 0x0ABFA00, 0x0AC0002, 0x0D7A400, 0x0D7B002, 0x0D7C700, 0x0D7CB02,
+    0x0D7FC00, 0x0D80006, 0x0F90002, 0x0FA6E00, 0x0FA7002, 0x0FADA00, 0x0FB0002, 0x0FB0700,
+    0x0FB1302, 0x0FB1800, 0x0FB1D02, 0x0FB1E03, 0x0FB1F02, 0x0FB2905, 0x0FB2A02, 0x0FB3700,
+    0x0FB3802, 0x0FB3D00, 0x0FB3E02, 0x0FB3F00, 0x0FB4002, 0x0FB4200, 0x0FB4302, 0x0FB4500,
+    0x0FB4602, 0x0FBB205, 0x0FBC300, 0x0FBD302, 0x0FD3E04, 0x0FD4005, 0x0FD5002, 0x0FD9000,
+    0x0FD9202, 0x0FDC800, 0x0FDCF05, 0x0FDD000, 0x0FDF002, 0x0FDFC05, 0x0FE0003, 0x0FE1004,
+    0x0FE1A00, 0x0FE2003, 0x0FE3004, 0x0FE5300, 0x0FE5404, 0x0FE6205, 0x0FE6304, 0x0FE6405,
+    0x0FE6700, 0x0FE6804, 0x0FE6905, 0x0FE6A04, 0x0FE6C00, 0x0FE7002, 0x0FE7500, 0x0FE7602,
+    0x0FEFD00, 0x0FEFF06, 0x0FF0000, 0x0FF0104, 0x0FF0405, 0x0FF0504, 0x0FF0B05, 0x0FF0C04,
+    0x0FF1001, 0x0FF1A04, 0x0FF1C05, 0x0FF1F04, 0x0FF2102, 0x0FF3B04, 0x0FF3E05, 0x0FF3F04,
+    0x0FF4005, 0x0FF4102, 0x0FF5B04, 0x0FF5C05, 0x0FF5D04, 0x0FF5E05, 0x0FF5F04, 0x0FF6602,
+    0x0FFBF00, 0x0FFC202, 0x0FFC800, 0x0FFCA02, 0x0FFD000, 0x0FFD202, 0x0FFD800, 0x0FFDA02,
+    0x0FFDD00, 0x0FFE005, 0x0FFE700, 0x0FFE805, 0x0FFEF00, 0x0FFF906, 0x0FFFC05, 0x0FFFE00,
+    0x1000002, 0x1000C00, 0x1000D02, 0x1002700, 0x1002802, 0x1003B00, 0x1003C02, 0x1003E00,
+    0x1003F02, 0x1004E00, 0x1005002, 0x1005E00, 0x1008002, 0x100FB00, 0x1010004, 0x1010300,
+    0x1010701, 0x1013400, 0x1013705, 0x1014001, 0x1017905, 0x1018A01, 0x1018C05, 0x1018F00,
+    0x1019005, 0x1019D00, 0x101A005, 0x101A100, 0x101D005, 0x101FD03, 0x101FE00, 0x1028002,
+    0x1029D00, 0x102A002, 0x102D100, 0x102E003, 0x102E101, 0x102FC00, 0x1030002, 0x1032001,
+    0x1032400, 0x1032D02, 0x1034101, 0x1034202, 0x1034A01, 0x1034B00, 0x1035002, 0x1037603,
+    0x1037B00, 0x1038002, 0x1039E00, 0x1039F04, 0x103A002, 0x103C400, 0x103C802, 0x103D004,
+    0x103D101, 0x103D600, 0x1040002, 0x1049E00, 0x104A001, 0x104AA00, 0x104B002, 0x104D400,
+    0x104D802, 0x104FC00, 0x1050002, 0x1052800, 0x1053002, 0x1056400, 0x1056F04, 0x1057002,
+    0x1057B00, 0x1057C02, 0x1058B00, 0x1058C02, 0x1059300, 0x1059402, 0x1059600, 0x1059702,
+    0x105A200, 0x105A302, 0x105B200, 0x105B302, 0x105BA00, 0x105BB02, 0x105BD00, 0x1060002,
+    0x1073700, 0x1074002, 0x1075600, 0x1076002, 0x1076800, 0x1078002, 0x1078600, 0x1078702,
+    0x107B100, 0x107B202, 0x107BB00, 0x1080002, 0x1080600, 0x1080802, 0x1080900, 0x1080A02,
+    0x1083600, 0x1083702, 0x1083900, 0x1083C02, 0x1083D00, 0x1083F02, 0x1085600, 0x1085704,
+    0x1085801, 0x1086002, 0x1087705, 0x1087901, 0x1088002, 0x1089F00, 0x108A701, 0x108B000,
+    0x108E002, 0x108F300, 0x108F402, 0x108F600, 0x108FB01, 0x1090002, 0x1091601, 0x1091C00,
+    0x1091F04, 0x1092002, 0x1093A00, 0x1093F04, 0x1094000, 0x1098002, 0x109B800, 0x109BC01,
+    0x109BE02, 0x109C001, 0x109D000, 0x109D201, 0x10A0002, 0x10A0103, 0x10A0400, 0x10A0503,
+    0x10A0700, 0x10A0C03, 0x10A1002, 0x10A1400, 0x10A1502, 0x10A1800, 0x10A1902, 0x10A3600,
+    0x10A3803, 0x10A3B00, 0x10A3F03, 0x10A4001, 0x10A4900, 0x10A5004, 0x10A5900, 0x10A6002,
+    0x10A7D01, 0x10A7F04, 0x10A8002, 0x10A9D01, 0x10AA000, 0x10AC002, 0x10AC805, 0x10AC902,
+    0x10AE503, 0x10AE700, 0x10AEB01, 0x10AF004, 0x10AF700, 0x10B0002, 0x10B3600, 0x10B3904,
+    0x10B4002, 0x10B5600, 0x10B5801, 0x10B6002, 0x10B7300, 0x10B7801, 0x10B8002, 0x10B9200,
+    0x10B9904, 0x10B9D00, 0x10BA901, 0x10BB000, 0x10C0002, 0x10C4900, 0x10C8002, 0x10CB300,
+    0x10CC002, 0x10CF300, 0x10CFA01, 0x10D0002, 0x10D2403, 0x10D2800, 0x10D3001, 0x10D3A00,
+    0x10E6001, 0x10E7F00, 0x10E8002, 0x10EAA00, 0x10EAB03, 0x10EAD04, 0x10EAE00, 0x10EB002,
+    0x10EB200, 0x10F0002, 0x10F1D01, 0x10F2702, 0x10F2800, 0x10F3002, 0x10F4603, 0x10F5101,
+    0x10F5504, 0x10F5A00, 0x10F7002, 0x10F8203, 0x10F8604, 0x10F8A00, 0x10FB002, 0x10FC501,
+    0x10FCC00, 0x10FE002, 0x10FF700, 0x1100003, 0x1100302, 0x1103803, 0x1104704, 0x1104E00,
+    0x1105201, 0x1107003, 0x1107102, 0x1107303, 0x1107502, 0x1107600, 0x1107F03, 0x1108302,
+    0x110B003, 0x110BB04, 0x110BD06, 0x110BE04, 0x110C203, 0x110C300, 0x110CD06, 0x110CE00,
+    0x110D002, 0x110E900, 0x110F001, 0x110FA00, 0x1110003, 0x1110302, 0x1112703, 0x1113500,
+    0x1113601, 0x1114004, 0x1114402, 0x1114503, 0x1114702, 0x1114800, 0x1115002, 0x1117303,
+    0x1117404, 0x1117602, 0x1117700, 0x1118003, 0x1118302, 0x111B303, 0x111C102, 0x111C504,
+    0x111C903, 0x111CD04, 0x111CE03, 0x111D001, 0x111DA02, 0x111DB04, 0x111DC02, 0x111DD04,
+    0x111E000, 0x111E101, 0x111F500, 0x1120002, 0x1121200, 0x1121302, 0x1122C03, 0x1123804,
+    0x1123E03, 0x1123F00, 0x1128002, 0x1128700, 0x1128802, 0x1128900, 0x1128A02, 0x1128E00,
+    0x1128F02, 0x1129E00, 0x1129F02, 0x112A904, 0x112AA00, 0x112B002, 0x112DF03, 0x112EB00,
+    0x112F001, 0x112FA00, 0x1130003, 0x1130400, 0x1130502, 0x1130D00, 0x1130F02, 0x1131100,
+    0x1131302, 0x1132900, 0x1132A02, 0x1133100, 0x1133202, 0x1133400, 0x1133502, 0x1133A00,
+    0x1133B03, 0x1133D02, 0x1133E03, 0x1134500, 0x1134703, 0x1134900, 0x1134B03, 0x1134E00,
+    0x1135002, 0x1135100, 0x1135703, 0x1135800, 0x1135D02, 0x1136203, 0x1136400, 0x1136603,
+    0x1136D00, 0x1137003, 0x1137500, 0x1140002, 0x1143503, 0x1144702, 0x1144B04, 0x1145001,
+    0x1145A04, 0x1145C00, 0x1145D04, 0x1145E03, 0x1145F02, 0x1146200, 0x1148002, 0x114B003,
+    0x114C402, 0x114C604, 0x114C702, 0x114C800, 0x114D001, 0x114DA00, 0x1158002, 0x115AF03,
+    0x115B600, 0x115B803, 0x115C104, 0x115D802, 0x115DC03, 0x115DE00, 0x1160002, 0x1163003,
+    0x1164104, 0x1164402, 0x1164500, 0x1165001, 0x1165A00, 0x1166004, 0x1166D00, 0x1168002,
+    0x116AB03, 0x116B802, 0x116B904, 0x116BA00, 0x116C001, 0x116CA00, 0x1170002, 0x1171B00,
+    0x1171D03, 0x1172C00, 0x1173001, 0x1173C04, 0x1173F05, 0x1174002, 0x1174700, 0x1180002,
+    0x1182C03, 0x1183B04, 0x1183C00, 0x118A002, 0x118E001, 0x118F300, 0x118FF02, 0x1190700,
+    0x1190902, 0x1190A00, 0x1190C02, 0x1191400, 0x1191502, 0x1191700, 0x1191802, 0x1193003,
+    0x1193600, 0x1193703, 0x1193900, 0x1193B03, 0x1193F02, 0x1194003, 0x1194102, 0x1194203,
+    0x1194404, 0x1194700, 0x1195001, 0x1195A00, 0x119A002, 0x119A800, 0x119AA02, 0x119D103,
+    0x119D800, 0x119DA03, 0x119E102, 0x119E204, 0x119E302, 0x119E403, 0x119E500, 0x11A0002,
+    0x11A0103, 0x11A0B02, 0x11A3303, 0x11A3A02, 0x11A3B03, 0x11A3F04, 0x11A4703, 0x11A4800,
+    0x11A5002, 0x11A5103, 0x11A5C02, 0x11A8A03, 0x11A9A04, 0x11A9D02, 0x11A9E04, 0x11AA300,
+    0x11AB002, 0x11AF900, 0x11C0002, 0x11C0900, 0x11C0A02, 0x11C2F03, 0x11C3700, 0x11C3803,
+    0x11C4002, 0x11C4104, 0x11C4600, 0x11C5001, 0x11C6D00, 0x11C7004, 0x11C7202, 0x11C9000,
+    0x11C9203, 0x11CA800, 0x11CA903, 0x11CB700, 0x11D0002, 0x11D0700, 0x11D0802, 0x11D0A00,
+    0x11D0B02, 0x11D3103, 0x11D3700, 0x11D3A03, 0x11D3B00, 0x11D3C03, 0x11D3E00, 0x11D3F03,
+    0x11D4602, 0x11D4703, 0x11D4800, 0x11D5001, 0x11D5A00, 0x11D6002, 0x11D6600, 0x11D6702,
+    0x11D6900, 0x11D6A02, 0x11D8A03, 0x11D8F00, 0x11D9003, 0x11D9200, 0x11D9303, 0x11D9802,
+    0x11D9900, 0x11DA001, 0x11DAA00, 0x11EE002, 0x11EF303, 0x11EF704, 0x11EF900, 0x11FB002,
+    0x11FB100, 0x11FC001, 0x11FD505, 0x11FF200, 0x11FFF04, 0x1200002, 0x1239A00, 0x1240001,
+    0x1246F00, 0x1247004, 0x1247500, 0x1248002, 0x1254400, 0x12F9002, 0x12FF104, 0x12FF300,
+    0x1300002, 0x1342F00, 0x1343006, 0x1343900, 0x1440002, 0x1464700, 0x1680002, 0x16A3900,
+    0x16A4002, 0x16A5F00, 0x16A6001, 0x16A6A00, 0x16A6E04, 0x16A7002, 0x16ABF00, 0x16AC001,
+    0x16ACA00, 0x16AD002, 0x16AEE00, 0x16AF003, 0x16AF504, 0x16AF600, 0x16B0002, 0x16B3003,
+    0x16B3704, 0x16B3C05, 0x16B4002, 0x16B4404, 0x16B4505, 0x16B4600, 0x16B5001, 0x16B5A00,
+    0x16B5B01, 0x16B6200, 0x16B6302, 0x16B7800, 0x16B7D02, 0x16B9000, 0x16E4002, 0x16E8001,
+    0x16E9704, 0x16E9B00, 0x16F0002, 0x16F4B00, 0x16F4F03, 0x16F5002, 0x16F5103, 0x16F8800,
+    0x16F8F03, 0x16F9302, 0x16FA000, 0x16FE002, 0x16FE204, 0x16FE302, 0x16FE403, 0x16FE500,
+    0x16FF003, 0x16FF200, 0x1700002, 0x187F800, 0x1880002, 0x18CD600, 0x18D0002, 0x18D0900,
+    0x1AFF002, 0x1AFF400, 0x1AFF502, 0x1AFFC00, 0x1AFFD02, 0x1AFFF00, 0x1B00002, 0x1B12300,
+    0x1B15002, 0x1B15300, 0x1B16402, 0x1B16800, 0x1B17002, 0x1B2FC00, 0x1BC0002, 0x1BC6B00,
+    0x1BC7002, 0x1BC7D00, 0x1BC8002, 0x1BC8900, 0x1BC9002, 0x1BC9A00, 0x1BC9C05, 0x1BC9D03,
+    0x1BC9F04, 0x1BCA006, 0x1BCA400, 0x1CF0003, 0x1CF2E00, 0x1CF3003, 0x1CF4700, 0x1CF5005,
+    0x1CFC400, 0x1D00005, 0x1D0F600, 0x1D10005, 0x1D12700, 0x1D12905, 0x1D16503, 0x1D16A05,
+    0x1D16D03, 0x1D17306, 0x1D17B03, 0x1D18305, 0x1D18503, 0x1D18C05, 0x1D1AA03, 0x1D1AE05,
+    0x1D1EB00, 0x1D20005, 0x1D24203, 0x1D24505, 0x1D24600, 0x1D2E001, 0x1D2F400, 0x1D30005,
+    0x1D35700, 0x1D36001, 0x1D37900, 0x1D40002, 0x1D45500, 0x1D45602, 0x1D49D00, 0x1D49E02,
+    0x1D4A000, 0x1D4A202, 0x1D4A300, 0x1D4A502, 0x1D4A700, 0x1D4A902, 0x1D4AD00, 0x1D4AE02,
+    0x1D4BA00, 0x1D4BB02, 0x1D4BC00, 0x1D4BD02, 0x1D4C400, 0x1D4C502, 0x1D50600, 0x1D50702,
+    0x1D50B00, 0x1D50D02, 0x1D51500, 0x1D51602, 0x1D51D00, 0x1D51E02, 0x1D53A00, 0x1D53B02,
+    0x1D53F00, 0x1D54002, 0x1D54500, 0x1D54602, 0x1D54700, 0x1D54A02, 0x1D55100, 0x1D55202,
+    0x1D6A600, 0x1D6A802, 0x1D6C105, 0x1D6C202, 0x1D6DB05, 0x1D6DC02, 0x1D6FB05, 0x1D6FC02,
+    0x1D71505, 0x1D71602, 0x1D73505, 0x1D73602, 0x1D74F05, 0x1D75002, 0x1D76F05, 0x1D77002,
+    0x1D78905, 0x1D78A02, 0x1D7A905, 0x1D7AA02, 0x1D7C305, 0x1D7C402, 0x1D7CC00, 0x1D7CE01,
+    0x1D80005, 0x1DA0003, 0x1DA3705, 0x1DA3B03, 0x1DA6D05, 0x1DA7503, 0x1DA7605, 0x1DA8403,
+    0x1DA8505, 0x1DA8704, 0x1DA8C00, 0x1DA9B03, 0x1DAA000, 0x1DAA103, 0x1DAB000, 0x1DF0002,
+    0x1DF1F00, 0x1E00003, 0x1E00700, 0x1E00803, 0x1E01900, 0x1E01B03, 0x1E02200, 0x1E02303,
+    0x1E02500, 0x1E02603, 0x1E02B00, 0x1E10002, 0x1E12D00, 0x1E13003, 0x1E13702, 0x1E13E00,
+    0x1E14001, 0x1E14A00, 0x1E14E02, 0x1E14F05, 0x1E15000, 0x1E29002, 0x1E2AE03, 0x1E2AF00,
+    0x1E2C002, 0x1E2EC03, 0x1E2F001, 0x1E2FA00, 0x1E2FF05, 0x1E30000, 0x1E7E002, 0x1E7E700,
+    0x1E7E802, 0x1E7EC00, 0x1E7ED02, 0x1E7EF00, 0x1E7F002, 0x1E7FF00, 0x1E80002, 0x1E8C500,
+    0x1E8C701, 0x1E8D003, 0x1E8D700, 0x1E90002, 0x1E94403, 0x1E94B02, 0x1E94C00, 0x1E95001,
+    0x1E95A00, 0x1E95E04, 0x1E96000, 0x1EC7101, 0x1ECAC05, 0x1ECAD01, 0x1ECB005, 0x1ECB101,
+    0x1ECB500, 0x1ED0101, 0x1ED2E05, 0x1ED2F01, 0x1ED3E00, 0x1EE0002, 0x1EE0400, 0x1EE0502,
+    0x1EE2000, 0x1EE2102, 0x1EE2300, 0x1EE2402, 0x1EE2500, 0x1EE2702, 0x1EE2800, 0x1EE2902,
+    0x1EE3300, 0x1EE3402, 0x1EE3800, 0x1EE3902, 0x1EE3A00, 0x1EE3B02, 0x1EE3C00, 0x1EE4202,
+    0x1EE4300, 0x1EE4702, 0x1EE4800, 0x1EE4902, 0x1EE4A00, 0x1EE4B02, 0x1EE4C00, 0x1EE4D02,
+    0x1EE5000, 0x1EE5102, 0x1EE5300, 0x1EE5402, 0x1EE5500, 0x1EE5702, 0x1EE5800, 0x1EE5902,
+    0x1EE5A00, 0x1EE5B02, 0x1EE5C00, 0x1EE5D02, 0x1EE5E00, 0x1EE5F02, 0x1EE6000, 0x1EE6102,
+    0x1EE6300, 0x1EE6402, 0x1EE6500, 0x1EE6702, 0x1EE6B00, 0x1EE6C02, 0x1EE7300, 0x1EE7402,
+    0x1EE7800, 0x1EE7902, 0x1EE7D00, 0x1EE7E02, 0x1EE7F00, 0x1EE8002, 0x1EE8A00, 0x1EE8B02,
+    0x1EE9C00, 0x1EEA102, 0x1EEA400, 0x1EEA502, 0x1EEAA00, 0x1EEAB02, 0x1EEBC00, 0x1EEF005,
+    0x1EEF200, 0x1F00005, 0x1F02C00, 0x1F03005, 0x1F09400, 0x1F0A005, 0x1F0AF00, 0x1F0B105,
+    0x1F0C000, 0x1F0C105, 0x1F0D000, 0x1F0D105, 0x1F0F600, 0x1F10001, 0x1F10D05, 0x1F1AE00,
+    0x1F1E605, 0x1F20300, 0x1F21005, 0x1F23C00, 0x1F24005, 0x1F24900, 0x1F25005, 0x1F25200,
+    0x1F26005, 0x1F26600, 0x1F30005, 0x1F6D800, 0x1F6DD05, 0x1F6ED00, 0x1F6F005, 0x1F6FD00,
+    0x1F70005, 0x1F77400, 0x1F78005, 0x1F7D900, 0x1F7E005, 0x1F7EC00, 0x1F7F005, 0x1F7F100,
+    0x1F80005, 0x1F80C00, 0x1F81005, 0x1F84800, 0x1F85005, 0x1F85A00, 0x1F86005, 0x1F88800,
+    0x1F89005, 0x1F8AE00, 0x1F8B005, 0x1F8B200, 0x1F90005, 0x1FA5400, 0x1FA6005, 0x1FA6E00,
+    0x1FA7005, 0x1FA7500, 0x1FA7805, 0x1FA7D00, 0x1FA8005, 0x1FA8700, 0x1FA9005, 0x1FAAD00,
+    0x1FAB005, 0x1FABB00, 0x1FAC005, 0x1FAC600, 0x1FAD005, 0x1FADA00, 0x1FAE005, 0x1FAE800,
+    0x1FAF005, 0x1FAF700, 0x1FB0005, 0x1FB9300, 0x1FB9405, 0x1FBCB00, 0x1FBF001, 0x1FBFA00,
+    0x2000002, 0x2A6E000, 0x2A70002, 0x2B73900, 0x2B74002, 0x2B81E00, 0x2B82002, 0x2CEA200,
+    0x2CEB002, 0x2EBE100, 0x2F80002, 0x2FA1E00, 0x3000002, 0x3134B00, 0xE000106, 0xE000200,
+    0xE002006, 0xE008000, 0xE010003, 0xE01F000, 0xF000006, 0xFFFFE00, 0x10000006, 0x10FFFE00,
+};
+
+// DeepSeek LLM pre-tokenizer letter class, inclusive [lo, hi] pairs.
+static const uint32_t kDeepseekLetterRanges[][2] = {
+    {0x00041, 0x0005A}, {0x00061, 0x0007A}, {0x000B5, 0x000B5}, {0x000C0, 0x000D6}, {0x000D8, 0x000F6},
+    {0x000F8, 0x001BA}, {0x001BC, 0x001BF}, {0x001C4, 0x00293}, {0x00295, 0x002AF}, {0x00370, 0x00373},
+    {0x00376, 0x00377}, {0x0037B, 0x0037D}, {0x0037F, 0x0037F}, {0x00386, 0x00386}, {0x00388, 0x0038A},
+    {0x0038C, 0x0038C}, {0x0038E, 0x003A1}, {0x003A3, 0x003F5}, {0x003F7, 0x00481}, {0x0048A, 0x0052F},
+    {0x00531, 0x00556}, {0x010A0, 0x010C5}, {0x013A0, 0x013F5}, {0x013F8, 0x013FD}, {0x01C90, 0x01CBA},
+    {0x01CBD, 0x01CBF}, {0x01D00, 0x01D2B}, {0x01D6B, 0x01D77}, {0x01D79, 0x01D9A}, {0x01E00, 0x01F15},
+    {0x01F18, 0x01F1D}, {0x01F20, 0x01F45}, {0x01F48, 0x01F4D}, {0x01F50, 0x01F57}, {0x01F59, 0x01F59},
+    {0x01F5B, 0x01F5B}, {0x01F5D, 0x01F5D}, {0x01F5F, 0x01F7D}, {0x01F80, 0x01FB4}, {0x01FB6, 0x01FBC},
+    {0x01FBE, 0x01FBE}, {0x01FC2, 0x01FC4}, {0x01FC6, 0x01FCC}, {0x01FD0, 0x01FD3}, {0x01FD6, 0x01FDB},
+    {0x01FE0, 0x01FEC}, {0x01FF2, 0x01FF4}, {0x01FF6, 0x01FFC}, {0x02102, 0x02102}, {0x02107, 0x02107},
+    {0x0210A, 0x02113}, {0x02115, 0x02115}, {0x02119, 0x0211D}, {0x02124, 0x02124}, {0x02126, 0x02126},
+    {0x02128, 0x02128}, {0x0212A, 0x0212D}, {0x0212F, 0x02134}, {0x02139, 0x02139}, {0x0213C, 0x0213F},
+    {0x02145, 0x02149}, {0x0214E, 0x0214E}, {0x02183, 0x02184}, {0x02C00, 0x02C7B}, {0x02C7E, 0x02CE4},
+    {0x02CEB, 0x02CEE}, {0x02CF2, 0x02CF3}, {0x0A640, 0x0A66D}, {0x0A680, 0x0A69B}, {0x0A722, 0x0A76F},
+    {0x0A771, 0x0A787}, {0x0A78B, 0x0A78E}, {0x0AB70, 0x0ABBF}, {0x0FB00, 0x0FB06}, {0x0FB13, 0x0FB17},
+    {0x0FF21, 0x0FF3A}, {0x0FF41, 0x0FF5A}, {0x10400, 0x1044F}, {0x104B0, 0x104D3}, {0x104D8, 0x104FB},
+    {0x10C80, 0x10CB2}, {0x10CC0, 0x10CF2}, {0x118A0, 0x118DF}, {0x1E900, 0x1E943},
+};
+// END generated unicode tables
+
+// ---- Unicode properties ----------------------------------------------------------------------
+enum UCat : uint8_t { UCAT_OTHER, UCAT_NUMBER, UCAT_LETTER, UCAT_MARK, UCAT_PUNCT, UCAT_SYMBOL, UCAT_CONTROL };
+constexpr uint8_t kFlagWhitespace = 0x08;
+constexpr uint8_t kFlagValid = 0x10;  // set for positions inside the current chunk (see Chunk::flags)
+
+inline uint8_t unicode_flags(uint32_t cp) {
+    static const std::vector<uint8_t> ascii = [] {
+        std::vector<uint8_t> t(128);
+        for (uint32_t c = 0; c < 128; c++) {
+            const uint32_t* it = std::upper_bound(std::begin(kUnicodeRanges), std::end(kUnicodeRanges), (c << 8) | 0xFF);
+            t[c] = (uint8_t)(it[-1] & 0xFF);
+        }
+        return t;
+    }();
+    if (cp < 128) return ascii[cp];
+    if (cp >= 0x110000) return UCAT_OTHER;
+    const uint32_t* it = std::upper_bound(std::begin(kUnicodeRanges), std::end(kUnicodeRanges), (cp << 8) | 0xFF);
+    return (uint8_t)(it[-1] & 0xFF);
+}
+
+inline UCat ucat(uint32_t cp) { return (UCat)(unicode_flags(cp) & 7); }
+inline bool is_ws(uint32_t cp) { return (unicode_flags(cp) & kFlagWhitespace) != 0; }
+
+// ---- UTF-8 -------------------------------------------------------------------------------------
+// Sequence length from the lead byte (continuation bytes count as 1), as the reference splits symbols.
+inline size_t utf8_len(char c) {
+    static const uint8_t lookup[16] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 3, 4};
+    return lookup[(uint8_t)c >> 4];
+}
+
+// Decodes one code point; a malformed sequence yields U+FFFD and consumes one byte (reference behaviour:
+// only lead/continuation bit patterns are checked, not overlong forms or surrogates).
+inline uint32_t utf8_decode(const std::string& s, size_t& off) {
+    const size_t n = s.size();
+    const uint8_t c = (uint8_t)s[off];
+    auto cont = [&](size_t i) { return off + i < n && ((uint8_t)s[off + i] & 0xC0) == 0x80; };
+    auto byte = [&](size_t i) { return (uint32_t)((uint8_t)s[off + i] & 0x3F); };
+    if (!(c & 0x80)) { off += 1; return c; }
+    if ((c & 0x40) && !(c & 0x20) && cont(1)) { uint32_t r = (c & 0x1Fu) << 6 | byte(1); off += 2; return r; }
+    if ((c & 0x60) == 0x60 && !(c & 0x10) && cont(1) && cont(2)) {
+        uint32_t r = (c & 0x0Fu) << 12 | byte(1) << 6 | byte(2);
+        off += 3;
+        return r;
+    }
+    if ((c & 0x70) == 0x70 && !(c & 0x08) && cont(1) && cont(2) && cont(3)) {
+        uint32_t r = (c & 0x07u) << 18 | byte(1) << 12 | byte(2) << 6 | byte(3);
+        off += 4;
+        return r;
+    }
+    off += 1;
+    return 0xFFFD;
+}
+
+inline std::vector<uint32_t> utf8_to_cps(const std::string& s) {
+    std::vector<uint32_t> out;
+    out.reserve(s.size());
+    for (size_t off = 0; off < s.size();) out.push_back(utf8_decode(s, off));
+    return out;
+}
+
+inline void utf8_append(std::string& out, uint32_t cp) {
+    if (cp > 0x10FFFF) cp = 0xFFFD;  // the reference throws here; a replacement char is kinder
+    if (cp < 0x80) {
+        out += (char)cp;
+    } else if (cp < 0x800) {
+        out += (char)(0xC0 | cp >> 6);
+        out += (char)(0x80 | (cp & 0x3F));
+    } else if (cp < 0x10000) {
+        out += (char)(0xE0 | cp >> 12);
+        out += (char)(0x80 | (cp >> 6 & 0x3F));
+        out += (char)(0x80 | (cp & 0x3F));
+    } else {
+        out += (char)(0xF0 | cp >> 18);
+        out += (char)(0x80 | (cp >> 12 & 0x3F));
+        out += (char)(0x80 | (cp >> 6 & 0x3F));
+        out += (char)(0x80 | (cp & 0x3F));
+    }
+}
+
+// ---- GPT-2 byte <-> printable code point mapping ---------------------------------------------------
+// Bytes that are printable Latin-1 map to themselves, the other 68 to U+0100.. in byte order.
+struct ByteMap {
+    std::string encoded[256];     // byte -> UTF-8 of its code point
+    int16_t decoded[0x144];       // code point -> byte, -1 if none
+    ByteMap() {
+        std::fill(std::begin(decoded), std::end(decoded), (int16_t)-1);
+        int next = 256;
+        for (int b = 0; b < 256; b++) {
+            bool printable = (b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE);
+            uint32_t cp = printable ? (uint32_t)b : (uint32_t)next++;
+            utf8_append(encoded[b], cp);
+            decoded[cp] = (int16_t)b;
+        }
+    }
+};
+inline const ByteMap& byte_map() {
+    static const ByteMap m;
+    return m;
+}
+
+// ---- Pre-tokenizer ------------------------------------------------------------------------------
+// One pass per regular expression of the reference; each pass refines the chunks of the previous one.
+enum class Pass : uint8_t {
+    Gpt2,               // 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)  (reference's hand-written matcher)
+    Llama3,             // (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
+    Qwen2,              // the same with \p{N} instead of \p{N}{1,3}
+    Number,             // \p{N}
+    NumberRun,          // \p{N}+
+    Number3,            // \p{N}{1,3}
+    PunctFalcon,        // [\p{P}\$\+<=>\^~\|`]+
+    PunctDefault,       // [\p{P}\$\+<=>\^~\|]+
+    Digits3,            // [0-9][0-9][0-9]
+    CrLf,               // [\r\n]
+    WsLetters,          // \s?\p{L}+
+    WsPunct,            // \s?\p{P}+
+    CjkDeepseek,        // [一-龥ࠀ-一가-퟿]+
+    WsLettersDeepseek,  // \s?[A-Za-zµÀ-ÖØ-öø-ƺ...]+   (kDeepseekLetterRanges)
+    WsPunctDeepseek,    // \s?[!-/:-~！-／：-～‘-‟　-。]+
+    TrailingWs,         // \s+$
+    CjkDeepseekV3,      // [一-龥぀-ゟ゠-ヿ]+
+    DeepseekV3,         // [!-/:-@\[-`{-~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
+    Gpt4o,              // [^\r\n\p{L}\p{N}]?U*W+C?|[^\r\n\p{L}\p{N}]?U+W*C?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+
+                        //   U = ((?=[\p{L}])([^a-z])), W = ((?=[\p{L}])([^A-Z])), C = the contractions of Llama3
+    Tekken,             // the same without C and with \p{N}
+};
+
+// The code points of one chunk, [begin, end) of the text; reads past the end give kOutOfRange.
+struct Chunk {
+    const uint32_t* cp;
+    size_t end;
+    static constexpr uint32_t kOutOfRange = 0xFFFFFFFF;
+    uint32_t at(size_t i) const { return i < end ? cp[i] : kOutOfRange; }
+    // Category and whitespace bits, plus kFlagValid inside the chunk (0 outside: matches no class).
+    uint8_t flags(size_t i) const { return i < end ? (uint8_t)(unicode_flags(cp[i]) | kFlagValid) : 0; }
+    // Run of positions from i satisfying pred.
+    template <class Pred> size_t run(size_t i, Pred pred) const {
+        size_t j = i;
+        while (j < end && pred(cp[j])) j++;
+        return j - i;
+    }
+};
+
+inline bool f_letter(uint8_t f) { return (f & 7) == UCAT_LETTER && (f & kFlagValid); }
+inline bool f_number(uint8_t f) { return (f & 7) == UCAT_NUMBER && (f & kFlagValid); }
+inline bool f_ws(uint8_t f) { return (f & kFlagWhitespace) != 0; }
+inline bool f_other(uint8_t f) { return (f & kFlagValid) && !f_ws(f) && !f_letter(f) && !f_number(f); }  // [^\s\p{L}\p{N}]
+
+// Classes as the reference's std::regex sees them on collapsed text (see file comment).
+inline bool c_letter(uint32_t cp) { return ucat(cp) == UCAT_LETTER; }
+inline bool c_number(uint32_t cp) { return ucat(cp) == UCAT_NUMBER; }
+inline bool c_punct(uint32_t cp) { return ucat(cp) == UCAT_PUNCT; }
+inline bool c_symbol(uint32_t cp) { return cp != '~' && ucat(cp) == UCAT_SYMBOL; }
+inline bool c_mark(uint32_t cp) { return ucat(cp) == UCAT_MARK; }
+inline bool is_crlf(uint32_t cp) { return cp == '\r' || cp == '\n'; }
+inline bool in_ranges(uint32_t cp, std::initializer_list<std::pair<uint32_t, uint32_t>> r) {
+    for (auto& p : r) if (cp >= p.first && cp <= p.second) return true;
+    return false;
+}
+inline bool ds_letter(uint32_t cp) {  // the reference matches these with std::wregex; whitespace never qualifies
+    auto it = std::upper_bound(std::begin(kDeepseekLetterRanges), std::end(kDeepseekLetterRanges), cp,
+                               [](uint32_t v, const uint32_t (&r)[2]) { return v < r[0]; });
+    return it != std::begin(kDeepseekLetterRanges) && cp <= it[-1][1];
+}
+
+// "X?Y+" with backtracking: the optional prefix is taken only if a Y follows it.
+template <class Opt, class Run>
+inline size_t opt_then_run(const Chunk& c, size_t pos, Opt opt, Run run) {
+    if (opt(c.cp[pos]) && pos + 1 < c.end && run(c.cp[pos + 1])) return 1 + c.run(pos + 1, run);
+    return c.run(pos, run);
+}
+
+// Whitespace alternatives shared by the Llama 3 style expressions: \s*[\r\n]+|\s+(?!\S)|\s+
+inline size_t match_whitespace(const Chunk& c, size_t pos) {
+    size_t n = 0, last_crlf = 0;
+    while (f_ws(c.flags(pos + n))) {
+        if (is_crlf(c.cp[pos + n])) last_crlf = n + 1;
+        n++;
+    }
+    if (last_crlf) return last_crlf;                 // \s*[\r\n]+
+    if (n > 1 && pos + n < c.end) return n - 1;      // \s+(?!\S): leave the last space to the next word
+    return n;                                        // \s+
+}
+
+// The reference's GPT-2 matcher: never fails (an unmatched character is a chunk of its own).
+inline size_t match_gpt2(const Chunk& c, size_t pos) {
+    const uint32_t cp = c.cp[pos];
+    if (cp == '\'' && pos + 1 < c.end) {
+        uint32_t n1 = c.cp[pos + 1];
+        if (n1 == 's' || n1 == 't' || n1 == 'm' || n1 == 'd') return 2;
+        uint32_t n2 = c.at(pos + 2);
+        if ((n1 == 'r' && n2 == 'e') || (n1 == 'v' && n2 == 'e') || (n1 == 'l' && n2 == 'l')) return 3;
+    }
+    size_t p = pos + (cp == ' ');  // optional leading space
+    for (auto cls : {f_letter, f_number, f_other}) {
+        if (cls(c.flags(p))) {
+            while (cls(c.flags(p))) p++;
+            return p - pos;
+        }
+    }
+    size_t n = 0;
+    while (f_ws(c.flags(pos + n))) n++;
+    if (n > 1 && pos + n < c.end) return n - 1;
+    return n ? n : 1;
+}
+
+// The reference's Llama 3 matcher (max_digits 3); with max_digits 1 it is the Qwen2 expression.
+inline size_t match_llama3(const Chunk& c, size_t pos, size_t max_digits) {
+    const uint32_t cp = c.cp[pos];
+    const uint8_t f = c.flags(pos);
+    if (cp == '\'' && pos + 1 < c.end) {  // case-insensitive contractions (no non-ASCII letter lowercases to these)
+        auto lower = [](uint32_t x) { return x >= 'A' && x <= 'Z' ? x + 32 : x; };
+        uint32_t n1 = lower(c.cp[pos + 1]), n2 = lower(c.at(pos + 2));
+        if (n1 == 's' || n1 == 't' || n1 == 'm' || n1 == 'd') return 2;
+        if ((n1 == 'r' && n2 == 'e') || (n1 == 'v' && n2 == 'e') || (n1 == 'l' && n2 == 'l')) return 3;
+    }
+    if (!is_crlf(cp) && !f_number(f) && (f_letter(f) || f_letter(c.flags(pos + 1)))) {  // [^\r\n\p{L}\p{N}]?\p{L}+
+        size_t p = pos + 1;
+        while (f_letter(c.flags(p))) p++;
+        return p - pos;
+    }
+    if (f_number(f)) {  // \p{N}{1,max_digits}
+        size_t p = pos;
+        while (p - pos < max_digits && f_number(c.flags(p))) p++;
+        return p - pos;
+    }
+    size_t p = pos + (cp == ' ');  //  ?[^\s\p{L}\p{N}]+[\r\n]*
+    if (f_other(c.flags(p))) {
+        while (f_other(c.flags(p))) p++;
+        while (p < c.end && is_crlf(c.cp[p])) p++;
+        return p - pos;
+    }
+    size_t n = match_whitespace(c, pos);
+    return n ? n : 1;
+}
+
+inline size_t match_deepseek_v3(const Chunk& c, size_t pos) {
+    const uint32_t cp = c.cp[pos];
+    auto ascii_alpha = [](uint32_t x) { return (x >= 'A' && x <= 'Z') || (x >= 'a' && x <= 'z'); };
+    auto ascii_punct = [](uint32_t x) { return (x >= 0x21 && x <= 0x2F) || (x >= 0x3A && x <= 0x40) || (x >= 0x5B && x <= 0x60) || (x >= 0x7B && x <= 0x7E); };
+    if (ascii_punct(cp) && pos + 1 < c.end && ascii_alpha(c.cp[pos + 1])) return 1 + c.run(pos + 1, ascii_alpha);
+    auto letter_mark = [](uint32_t x) { return c_letter(x) || c_mark(x); };
+    auto prefix = [](uint32_t x) { return !is_crlf(x) && !c_letter(x) && !c_punct(x) && !c_symbol(x); };
+    if (size_t n = opt_then_run(c, pos, prefix, letter_mark)) return n;
+    auto punct_sym = [](uint32_t x) { return c_punct(x) || c_symbol(x); };
+    if (size_t n = opt_then_run(c, pos, [](uint32_t x) { return x == ' '; }, punct_sym)) return n + c.run(pos + n, is_crlf);
+    return match_whitespace(c, pos);
+}
+
+// Llama 4 / GPT-4o and Mistral Tekken: words split at lower-to-upper case changes. "Upper" is any letter but
+// a-z and "lower" any letter but A-Z (the reference's rewrite of \p{Lu}.. / \p{Ll}..), so a non-ASCII
+// letter is both.
+inline size_t match_cased(const Chunk& c, size_t pos, size_t max_digits, bool contractions) {
+    auto upper = [](uint32_t x) { return c_letter(x) && !(x >= 'a' && x <= 'z'); };
+    auto lower = [](uint32_t x) { return c_letter(x) && !(x >= 'A' && x <= 'Z'); };
+    auto contraction = [&](size_t e) -> size_t {
+        if (!contractions || c.at(e) != '\'') return 0;
+        auto lc = [](uint32_t x) { return x >= 'A' && x <= 'Z' ? x + 32 : x; };
+        uint32_t n1 = lc(c.at(e + 1)), n2 = lc(c.at(e + 2));
+        if (n1 == 's' || n1 == 't' || n1 == 'm' || n1 == 'd') return 2;
+        if ((n1 == 'r' && n2 == 'e') || (n1 == 'v' && n2 == 'e') || (n1 == 'l' && n2 == 'l')) return 3;
+        return 0;
+    };
+    const uint32_t cp = c.cp[pos];
+    const bool prefix_ok = !is_crlf(cp) && !c_letter(cp) && !c_number(cp);
+    // Alternative 1, U*W+: the longest upper run that a lower letter can follow (backtracking over U*).
+    for (size_t s : {pos + 1, pos}) {  // with the optional prefix first, as the greedy ? tries
+        if (s == pos + 1 && (!prefix_ok || s >= c.end)) continue;
+        const size_t nu = c.run(s, upper);
+        for (size_t k = nu + 1; k-- > 0;) {
+            if (s + k < c.end && lower(c.cp[s + k])) {
+                size_t e = s + k + c.run(s + k, lower);
+                return e + contraction(e) - pos;
+            }
+        }
+    }
+    // Alternative 2, U+W*.
+    for (size_t s : {pos + 1, pos}) {
+        if (s == pos + 1 && (!prefix_ok || s >= c.end)) continue;
+        if (size_t nu = c.run(s, upper)) {
+            size_t e = s + nu + c.run(s + nu, lower);
+            return e + contraction(e) - pos;
+        }
+    }
+    if (c_number(cp)) return std::min(max_digits, c.run(pos, c_number));
+    size_t p = pos + (cp == ' ');  //  ?[^\s\p{L}\p{N}]+[\r\n/]*
+    if (f_other(c.flags(p))) {
+        while (f_other(c.flags(p))) p++;
+        while (p < c.end && (is_crlf(c.cp[p]) || c.cp[p] == '/')) p++;
+        return p - pos;
+    }
+    return match_whitespace(c, pos);
+}
+
+// Length of the match of `pass` at pos (0: no match; the characters then join the gap before the
+// next match, as std::regex_iterator leaves them).
+inline size_t match_at(Pass pass, const Chunk& c, size_t pos) {
+    const uint32_t cp = c.cp[pos];
+    auto ws = [](uint32_t x) { return is_ws(x); };
+    switch (pass) {
+        case Pass::Gpt2: return match_gpt2(c, pos);
+        case Pass::Llama3: return match_llama3(c, pos, 3);
+        case Pass::Qwen2: return match_llama3(c, pos, 1);
+        case Pass::Number: return c_number(cp) ? 1 : 0;
+        case Pass::NumberRun: return c.run(pos, c_number);
+        case Pass::Number3: return std::min<size_t>(3, c.run(pos, c_number));
+        case Pass::PunctFalcon:
+        case Pass::PunctDefault: {
+            const char* extra = pass == Pass::PunctFalcon ? "$+<=>^~|`" : "$+<=>^~|";
+            return c.run(pos, [extra](uint32_t x) { return c_punct(x) || (x < 128 && x && strchr(extra, (int)x)); });
+        }
+        case Pass::Digits3: {
+            auto digit = [&](size_t i) { uint32_t x = c.at(i); return x >= '0' && x <= '9'; };
+            return digit(pos) && digit(pos + 1) && digit(pos + 2) ? 3 : 0;
+        }
+        case Pass::CrLf: return is_crlf(cp) ? 1 : 0;
+        case Pass::WsLetters: return opt_then_run(c, pos, ws, c_letter);
+        case Pass::WsPunct: return opt_then_run(c, pos, ws, c_punct);
+        case Pass::CjkDeepseek:
+            return c.run(pos, [](uint32_t x) { return in_ranges(x, {{0x4E00, 0x9FA5}, {0x0800, 0x4E00}, {0xAC00, 0xD7FF}}); });
+        case Pass::WsLettersDeepseek: return opt_then_run(c, pos, ws, ds_letter);
+        case Pass::WsPunctDeepseek:
+            return opt_then_run(c, pos, ws, [](uint32_t x) {
+                return in_ranges(x, {{0x21, 0x2F}, {0x3A, 0x7E}, {0xFF01, 0xFF0F}, {0xFF1A, 0xFF5E}, {0x2018, 0x201F}, {0x3001, 0x3002}});
+            });
+        case Pass::CjkDeepseekV3:
+            return c.run(pos, [](uint32_t x) { return in_ranges(x, {{0x4E00, 0x9FA5}, {0x3040, 0x309F}, {0x30A0, 0x30FF}}); });
+        case Pass::DeepseekV3: return match_deepseek_v3(c, pos);
+        case Pass::Gpt4o: return match_cased(c, pos, 3, true);
+        case Pass::Tekken: return match_cased(c, pos, 1, false);
+        case Pass::TrailingWs: break;  // handled by split_pass
+    }
+    return 0;
+}
+
+// Refines chunk lengths `lens` (in code points) by one pass.
+inline void split_pass(const std::vector<uint32_t>& cps, std::vector<size_t>& lens, Pass pass) {
+    std::vector<size_t> out;
+    out.reserve(lens.size() * 2);
+    size_t begin = 0;
+    for (size_t len : lens) {
+        const size_t end = begin + len;
+        auto emit = [&](size_t a, size_t b) { if (b > a) out.push_back(b - a); };
+        if (pass == Pass::TrailingWs) {  // \s+$: only the final whitespace run can match
+            size_t r = end;
+            while (r > begin && is_ws(cps[r - 1])) r--;
+            emit(begin, r);
+            emit(r, end);
+        } else {
+            const Chunk c{cps.data(), end};
+            size_t gap = begin, pos = begin;
+            while (pos < end) {
+                size_t n = match_at(pass, c, pos);
+                if (n == 0) { pos++; continue; }
+                emit(gap, pos);
+                emit(pos, pos + n);
+                pos += n;
+                gap = pos;
+            }
+            emit(gap, end);
+        }
+        begin = end;
+    }
+    lens.swap(out);
+}
+
+struct PreTokenizer {
+    std::vector<Pass> passes;
+    bool clean_spaces = true;
+    bool ignore_merges = false;
+    bool add_bos = false;
+    bool no_bos = false;  // the reference drops the BOS id for this family
+};
+
+// The pre-tokenizer of each tokenizer.ggml.pre name the reference knows (the subset whose expressions
+// are implemented here). Throws for others.
+inline PreTokenizer pre_tokenizer_for(const std::string& name) {
+    using P = Pass;
+    PreTokenizer t;
+    auto is = [&](std::initializer_list<const char*> names) {
+        for (const char* n : names) if (name == n) return true;
+        return false;
+    };
+    if (name.empty() || name == "default") {
+        t.passes = {P::PunctDefault, P::Gpt2, P::NumberRun, P::Digits3};
+    } else if (is({"llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2", "jina-v5-nano"})) {
+        t.passes = {P::Llama3};
+        t.ignore_merges = true;
+        t.add_bos = true;
+    } else if (is({"dbrx", "smaug-bpe"})) {
+        t.passes = {P::Llama3};
+    } else if (is({"chatglm-bpe", "glm4"})) {
+        t.passes = {P::Llama3};
+        t.no_bos = true;
+    } else if (name == "deepseek-llm") {
+        t.passes = {P::CrLf, P::WsLettersDeepseek, P::WsPunctDeepseek, P::TrailingWs, P::CjkDeepseek, P::NumberRun};
+        t.clean_spaces = false;
+    } else if (name == "deepseek-coder") {
+        t.passes = {P::CrLf, P::WsLetters, P::WsPunct, P::CjkDeepseek, P::Number};
+        t.clean_spaces = false;
+    } else if (is({"deepseek-v3", "hunyuan-dense", "joyai-llm", "hy_v4"})) {
+        t.passes = {P::Number3, P::CjkDeepseekV3, P::DeepseekV3};
+        t.clean_spaces = false;
+    } else if (name == "falcon") {
+        t.passes = {P::PunctFalcon, P::Gpt2, P::Digits3};
+    } else if (is({"starcoder", "refact", "codeshell", "exaone", "minerva-7b", "mellum2"})) {
+        t.passes = {P::Number, P::Gpt2};
+    } else if (is({"smollm", "command-r"})) {
+        t.passes = {P::Number, P::Gpt2};
+        t.clean_spaces = false;
+    } else if (is({"gpt-2", "phi-2", "jina-es", "jina-de", "gigachat", "jina-v2-es", "jina-v2-de", "a.x-4.0", "mellum",
+                   "modern-bert", "jina-v1-en", "jina-v2-code", "roberta-bpe", "mpt", "olmo", "jais", "exaone4"})) {
+        t.passes = {P::Gpt2};
+    } else if (is({"trillion", "granite-docling"})) {
+        t.passes = {P::Gpt2};
+        t.clean_spaces = false;
+    } else if (is({"stablelm2", "megrez"})) {
+        t.passes = {P::Qwen2};
+    } else if (is({"qwen2", "deepseek-r1-qwen", "kormo", "f2llmv2", "hunyuan", "solar-open", "grok-2"})) {
+        t.passes = {P::Qwen2};
+        t.clean_spaces = false;
+    } else if (name == "tekken") {
+        t.passes = {P::Tekken};
+        t.clean_spaces = false;
+        t.ignore_merges = true;
+        t.add_bos = true;
+    } else if (is({"gpt-4o", "llama4", "kanana2", "talkie", "minimax-m2"})) {
+        t.passes = {P::Gpt4o};
+        t.clean_spaces = false;
+    } else {
+        fail("unsupported pre-tokenizer type '%s'", name.c_str());
+    }
+    return t;
+}
+
+// Splits text into words and, for byte-level BPE, maps their bytes to the printable alphabet.
+inline std::vector<std::string> pre_tokenize(const std::string& text, const std::vector<Pass>& passes, bool byte_encode) {
+    const std::vector<uint32_t> cps = utf8_to_cps(text);
+    std::vector<size_t> lens = {cps.size()};
+    for (Pass p : passes) split_pass(cps, lens, p);
+    std::vector<std::string> words;
+    words.reserve(lens.size());
+    const ByteMap& bm = byte_map();
+    size_t start = 0;
+    std::string raw;
+    for (size_t len : lens) {
+        raw.clear();
+        for (size_t i = start; i < start + len; i++) utf8_append(raw, cps[i]);
+        start += len;
+        if (!byte_encode) {
+            words.push_back(raw);
+            continue;
+        }
+        std::string enc;
+        enc.reserve(raw.size() * 2);
+        for (char ch : raw) enc += bm.encoded[(uint8_t)ch];
+        words.push_back(std::move(enc));
+    }
+    return words;
+}
+
+enum class Kind : uint8_t { None, SPM, BPE };
+
+inline bool is_c_space(char c) { return c == ' ' || (c >= '\t' && c <= '\r'); }  // isspace() in the C locale
+
+} // namespace tokenizer_impl
+
+// ---- Vocabulary data ---------------------------------------------------------------------------
+struct VocabData {
+    tokenizer_impl::Kind kind = tokenizer_impl::Kind::None;
+    std::string model = "no_vocab", pre = "default";
+    int32_t n_tokens = 0;
+    std::vector<std::string> text;
+    std::vector<float> score;
+    std::vector<uint32_t> attr;
+    std::unordered_map<std::string, int32_t> to_id;
+    std::unordered_map<std::string, int32_t> merge_rank;  // "left right" -> rank
+    tokenizer_impl::PreTokenizer pretok;
+    bool byte_encode = true, escape_whitespaces = false;
+    bool add_space_prefix = false, add_bos = false, add_eos = false, clean_spaces = false;
+    int32_t bos = -1, eos = -1, eot = -1, eom = -1, unk = -1, sep = -1, pad = -1, mask = -1;
+    int32_t fim_pre = -1, fim_suf = -1, fim_mid = -1, fim_pad = -1, fim_rep = -1, fim_sep = -1;
+    std::vector<int32_t> eog;       // sorted
+    std::vector<int32_t> specials;  // control / user-defined / unknown tokens, longest text first
+    // Byte trie over the special tokens' texts, to find which of them occur in a text in one scan.
+    std::unordered_map<uint64_t, int32_t> trie_next;  // (node << 8 | byte) -> node
+    std::vector<int32_t> trie_token;                  // node -> special token ending there, or -1
+    std::vector<std::string> pieces;                  // token_to_piece(id, true)
+
+    int32_t find(const std::string& s) const {
+        auto it = to_id.find(s);
+        return it == to_id.end() ? -1 : it->second;
+    }
+    bool valid(int32_t id) const { return id >= 0 && id < (int32_t)text.size(); }
+    int32_t byte_to_token(uint8_t b) const;
+    std::string piece(int32_t id) const;
+    void spm_tokenize(const std::string& text, std::vector<int32_t>& out) const;
+    void bpe_tokenize(const std::string& text, std::vector<int32_t>& out) const;
+    struct Fragment { int32_t token; size_t off, len; };  // token -1: raw text [off, off + len)
+    std::vector<Fragment> partition(const std::string& text, bool parse_special) const;
+};
+
+int32_t VocabData::byte_to_token(uint8_t b) const {
+    if (kind == tokenizer_impl::Kind::BPE) return find(tokenizer_impl::byte_map().encoded[b]);
+    static const char* hex = "0123456789ABCDEF";
+    const char buf[7] = {'<', '0', 'x', hex[b >> 4], hex[b & 15], '>', 0};
+    int32_t id = find(buf);
+    return id >= 0 ? id : find(std::string(1, (char)b));
+}
+
+// token_to_piece with special = true.
+std::string VocabData::piece(int32_t id) const {
+    const uint32_t a = attr[id];
+    const std::string& t = text[id];
+    if (a & (TOKEN_ATTR_UNKNOWN | TOKEN_ATTR_CONTROL | TOKEN_ATTR_USER_DEFINED)) return t;
+    if (a & TOKEN_ATTR_NORMAL) {
+        if (kind == tokenizer_impl::Kind::SPM || escape_whitespaces) {  // ▁ stands for a space
+            std::string r;
+            for (size_t i = 0; i < t.size(); i++) {
+                if (t.compare(i, 3, "\xE2\x96\x81") == 0) { r += ' '; i += 2; } else r += t[i];
+            }
+            return r;
+        }
+        // byte-level: each code point of the token text is one byte
+        std::string r;
+        const auto& bm = tokenizer_impl::byte_map();
+        for (size_t off = 0; off < t.size();) {
+            uint32_t cp = tokenizer_impl::utf8_decode(t, off);
+            if (cp < 0x144 && bm.decoded[cp] >= 0) {
+                r += (char)bm.decoded[cp];
+            } else {  // not a byte-level code point: the reference writes a marker
+                std::string u;
+                tokenizer_impl::utf8_append(u, cp);
+                r += "[UNK_BYTE_0x";
+                char buf[4];
+                for (char ch : u) { snprintf(buf, sizeof buf, "%02x", (uint8_t)ch); r += buf; }
+                r += t + "]";
+            }
+        }
+        return r;
+    }
+    if (a & TOKEN_ATTR_BYTE) {
+        auto hex = [](char h) { return h >= 'a' ? h - 'a' + 10 : h >= 'A' ? h - 'A' + 10 : h - '0'; };
+        if (t.size() >= 6) return std::string(1, (char)(hex(t[3]) * 16 + hex(t[4])));  // "<0xAB>"
+        return t;
+    }
+    return "";
+}
+
+// SentencePiece: start from UTF-8 characters, repeatedly merge the adjacent pair whose concatenation is
+// the highest-scoring token (ties: leftmost), then emit tokens, splitting unknown pieces back along the
+// merges that made them and finally into byte tokens.
+void VocabData::spm_tokenize(const std::string& s, std::vector<int32_t>& out) const {
+    struct Sym { int prev, next; size_t off, n; };
+    struct Bigram { int left, right; float score; size_t size; };
+    struct Cmp {
+        bool operator()(const Bigram& l, const Bigram& r) const {
+            return l.score < r.score || (l.score == r.score && l.left > r.left);
+        }
+    };
+    std::vector<Sym> sym;
+    for (size_t off = 0; off < s.size();) {
+        size_t n = std::min(tokenizer_impl::utf8_len(s[off]), s.size() - off);
+        int idx = (int)sym.size();
+        sym.push_back({idx - 1, off + n == s.size() ? -1 : idx + 1, off, n});
+        off += n;
+    }
+    std::vector<Bigram> queue;  // a max-heap under Cmp
+    std::unordered_map<std::string, std::pair<int, int>> rev_merge;
+    auto try_add = [&](int left, int right) {
+        if (left < 0 || right < 0) return;
+        std::string t = s.substr(sym[left].off, sym[left].n + sym[right].n);
+        int32_t id = find(t);
+        if (id < 0) return;
+        queue.push_back({left, right, score[id], t.size()});
+        std::push_heap(queue.begin(), queue.end(), Cmp());
+        rev_merge[t] = {left, right};
+    };
+    for (int i = 1; i < (int)sym.size(); i++) try_add(i - 1, i);
+    while (!queue.empty()) {
+        std::pop_heap(queue.begin(), queue.end(), Cmp());
+        const Bigram b = queue.back();
+        queue.pop_back();
+        Sym& l = sym[b.left];
+        Sym& r = sym[b.right];
+        if (l.n == 0 || r.n == 0 || l.n + r.n != b.size) continue;  // stale
+        l.n += r.n;
+        r.n = 0;
+        l.next = r.next;
+        if (r.next >= 0) sym[r.next].prev = b.left;
+        try_add(l.prev, b.left);
+        try_add(b.left, l.next);
+    }
+    // Emit symbols left to right; a symbol that is not a token is split along the merge that last produced
+    // its text (depth first), and failing that into byte tokens.
+    std::vector<int> stack;
+    for (int i = sym.empty() ? -1 : 0; i != -1; i = sym[i].next) {
+        stack.push_back(i);
+        while (!stack.empty()) {
+            const int k = stack.back();
+            stack.pop_back();
+            const std::string t = s.substr(sym[k].off, sym[k].n);
+            const int32_t id = find(t);
+            if (id >= 0) { out.push_back(id); continue; }
+            auto it = rev_merge.find(t);
+            if (it != rev_merge.end()) {
+                stack.push_back(it->second.second);
+                stack.push_back(it->second.first);
+                continue;
+            }
+            for (char ch : t) {
+                const int32_t b = byte_to_token((uint8_t)ch);
+                if (b >= 0) out.push_back(b);
+                else if (unk >= 0) out.push_back(unk);
+            }
+        }
+    }
+}
+
+// Byte-level BPE over each pre-tokenized word: merge the adjacent pair with the lowest merge rank
+// (ties: leftmost) until none applies.
+void VocabData::bpe_tokenize(const std::string& text_in, std::vector<int32_t>& out) const {
+    struct Sym { int prev, next; size_t off, n; };
+    struct Bigram { int left, right; int rank; size_t size; };
+    struct Cmp {
+        bool operator()(const Bigram& l, const Bigram& r) const {
+            return l.rank > r.rank || (l.rank == r.rank && l.left > r.left);
+        }
+    };
+    std::vector<Sym> sym;
+    std::vector<Bigram> queue;  // a min-heap on (rank, left) under Cmp
+    std::string key;
+    for (const std::string& w : tokenizer_impl::pre_tokenize(text_in, pretok.passes, byte_encode)) {
+        if (pretok.ignore_merges) {
+            int32_t id = find(w);
+            if (id >= 0) { out.push_back(id); continue; }
+        }
+        sym.clear();
+        for (size_t off = 0; off < w.size();) {
+            size_t n = std::min(tokenizer_impl::utf8_len(w[off]), w.size() - off);
+            int idx = (int)sym.size();
+            sym.push_back({idx - 1, off + n == w.size() ? -1 : idx + 1, off, n});
+            off += n;
+        }
+        queue.clear();
+        auto try_add = [&](int left, int right) {
+            if (left < 0 || right < 0) return;
+            key.assign(w, sym[left].off, sym[left].n);
+            key += ' ';
+            key.append(w, sym[right].off, sym[right].n);
+            auto it = merge_rank.find(key);
+            if (it == merge_rank.end()) return;
+            queue.push_back({left, right, it->second, sym[left].n + sym[right].n});
+            std::push_heap(queue.begin(), queue.end(), Cmp());
+        };
+        for (int i = 1; i < (int)sym.size(); i++) try_add(i - 1, i);
+        while (!queue.empty()) {
+            std::pop_heap(queue.begin(), queue.end(), Cmp());
+            const Bigram b = queue.back();
+            queue.pop_back();
+            Sym& l = sym[b.left];
+            Sym& r = sym[b.right];
+            // Symbols only grow, so an unchanged total size means the pair is still current.
+            if (l.n == 0 || r.n == 0 || l.n + r.n != b.size) continue;
+            l.n += r.n;
+            r.n = 0;
+            l.next = r.next;
+            if (r.next >= 0) sym[r.next].prev = b.left;
+            try_add(l.prev, b.left);
+            try_add(b.left, l.next);
+        }
+        for (int i = sym.empty() ? -1 : 0; i != -1; i = sym[i].next) {
+            std::string t = w.substr(sym[i].off, sym[i].n);
+            int32_t id = find(t);
+            if (id >= 0) { out.push_back(id); continue; }
+            // Not a token: the reference looks up each byte of the (encoded) text on its own.
+            for (char ch : t) {
+                int32_t b;
+                if (byte_encode) {
+                    b = find(std::string(1, ch));
+                } else {
+                    static const char* hex = "0123456789ABCDEF";
+                    const char buf[7] = {'<', '0', 'x', hex[(uint8_t)ch >> 4], hex[ch & 15], '>', 0};
+                    b = find(buf);
+                }
+                if (b >= 0) out.push_back(b);
+            }
+        }
+    }
+}
+
+// Splits text around special tokens: longest token text first, each claiming all its occurrences in the
+// remaining raw fragments (llama.cpp's tokenizer_st_partition). Control and unknown tokens only when
+// parse_special; user-defined ones always.
+std::vector<VocabData::Fragment> VocabData::partition(const std::string& s, bool parse_special) const {
+    std::vector<Fragment> frags;
+    if (s.empty()) return frags;
+    frags.push_back({-1, 0, s.size()});
+    if (specials.empty()) return frags;
+    // Which special tokens occur at all? One trie walk from every position.
+    std::vector<uint8_t> present(text.size(), 0);
+    bool any = false;
+    for (size_t i = 0; i < s.size(); i++) {
+        int32_t node = 0;
+        for (size_t j = i; j < s.size(); j++) {
+            auto it = trie_next.find((uint64_t)node << 8 | (uint8_t)s[j]);
+            if (it == trie_next.end()) break;
+            node = it->second;
+            if (trie_token[node] >= 0) present[trie_token[node]] = 1, any = true;
+        }
+    }
+    if (!any) return frags;
+    for (int32_t id : specials) {
+        if (!present[id]) continue;
+        const uint32_t a = attr[id];
+        if (!parse_special && (a & (TOKEN_ATTR_CONTROL | TOKEN_ATTR_UNKNOWN))) continue;
+        const std::string& tok = text[id];
+        std::vector<Fragment> next;
+        for (const Fragment& f : frags) {
+            if (f.token >= 0) { next.push_back(f); continue; }
+            size_t off = f.off, len = f.len;
+            while (true) {
+                size_t m = std::string_view(s.data(), off + len).find(tok, off);
+                if (m == std::string::npos) { next.push_back({-1, off, len}); break; }
+                size_t left_len = m - off;
+                if (a & TOKEN_ATTR_LSTRIP)
+                    while (left_len > 0 && tokenizer_impl::is_c_space(s[off + left_len - 1])) left_len--;
+                if (left_len > 0) next.push_back({-1, off, left_len});
+                next.push_back({id, 0, 0});
+                size_t r_off = m + tok.size(), r_len = off + len - r_off;
+                if (a & TOKEN_ATTR_RSTRIP)
+                    while (r_len > 0 && tokenizer_impl::is_c_space(s[r_off])) r_off++, r_len--;
+                if (r_len == 0) break;
+                off = r_off;
+                len = r_len;
+            }
+        }
+        frags.swap(next);
+    }
+    return frags;
+}
+
+// ---- Vocab -----------------------------------------------------------------------------------------
+namespace tokenizer_impl {
+
+// Special token ids: defaults per tokenizer model, then metadata (out-of-range ids are ignored).
+inline void read_special_ids(const GGUF& g, VocabData& d) {
+    const int32_t n = (int32_t)d.text.size();
+    struct Key { const char* key; int32_t* id; };
+    const Key keys[] = {
+        {"tokenizer.ggml.bos_token_id", &d.bos}, {"tokenizer.ggml.eos_token_id", &d.eos},
+        {"tokenizer.ggml.eot_token_id", &d.eot}, {"tokenizer.ggml.eom_token_id", &d.eom},
+        {"tokenizer.ggml.unknown_token_id", &d.unk}, {"tokenizer.ggml.seperator_token_id", &d.sep},
+        {"tokenizer.ggml.padding_token_id", &d.pad}, {"tokenizer.ggml.mask_token_id", &d.mask},
+        {"tokenizer.ggml.fim_pre_token_id", &d.fim_pre}, {"tokenizer.ggml.fim_suf_token_id", &d.fim_suf},
+        {"tokenizer.ggml.fim_mid_token_id", &d.fim_mid}, {"tokenizer.ggml.fim_pad_token_id", &d.fim_pad},
+        {"tokenizer.ggml.fim_rep_token_id", &d.fim_rep}, {"tokenizer.ggml.fim_sep_token_id", &d.fim_sep},
+        {"tokenizer.ggml.prefix_token_id", &d.fim_pre}, {"tokenizer.ggml.suffix_token_id", &d.fim_suf},
+        {"tokenizer.ggml.middle_token_id", &d.fim_mid},
+    };
+    for (const Key& k : keys) {
+        if (*k.id >= n) *k.id = -1;
+        const GGUFValue* v = g.find(k.key);
+        if (!v || v->is_array() || v->type == GGUFValueType::STRING) continue;
+        int64_t id = g.get_int(k.key, -1);
+        if (id >= 0 && id < n) *k.id = (int32_t)id;
+    }
+}
+
+constexpr const char* kDeepseekEndOfSentence = "<\xEF\xBD\x9C" "end\xE2\x96\x81of\xE2\x96\x81sentence\xEF\xBD\x9C>";  // <｜end▁of▁sentence｜>
+
+// Tokens recognised by their text, as the reference does (its converters do not always record them).
+inline void detect_special_tokens(VocabData& d) {
+    auto mark_control = [&](int32_t id) { d.attr[id] |= TOKEN_ATTR_CONTROL; };
+    struct Rule { int32_t* id; std::vector<const char*> names; };
+    const Rule rules[] = {
+        {&d.eot, {"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>", "<EOT>",
+                  "_<EOT>", "[EOT]", kDeepseekEndOfSentence, "<end_of_utterance>"}},
+        {&d.eom, {"<|eom_id|>"}},
+        {&d.fim_pre, {"<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", ("<\xEF\xBD\x9C" "fim\xE2\x96\x81" "begin\xEF\xBD\x9C>"),
+                      "<PRE>", "\xE2\x96\x81<PRE>", "<|code_prefix|>", "<|prefix|>"}},
+        {&d.fim_suf, {"<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", ("<\xEF\xBD\x9C" "fim\xE2\x96\x81hole\xEF\xBD\x9C>"),
+                      "<SUF>", "\xE2\x96\x81<SUF>", "<|code_suffix|>", "<|suffix|>"}},
+        {&d.fim_mid, {"<|fim_middle|>", "<fim-middle>", "<fim_middle>", ("<\xEF\xBD\x9C" "fim\xE2\x96\x81" "end\xEF\xBD\x9C>"),
+                      "<MID>", "\xE2\x96\x81<MID>", "<|code_middle|>", "<|middle|>"}},
+        {&d.fim_pad, {"<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"}},
+        {&d.fim_rep, {"<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"}},
+        {&d.fim_sep, {"<|file_sep|>"}},
+    };
+    // In id order (the reference walks a hash map, so which of several candidates wins is arbitrary there).
+    for (const Rule& r : rules) {
+        if (*r.id >= 0) continue;
+        for (int32_t id = 0; id < (int32_t)d.text.size() && *r.id < 0; id++) {
+            for (const char* name : r.names) {
+                if (d.text[id] == name) { *r.id = id; mark_control(id); break; }
+            }
+        }
+    }
+
+    std::vector<int32_t> eog;
+    for (int32_t id : {d.fim_pad, d.fim_rep, d.fim_sep}) if (id >= 0) eog.push_back(id);
+    static const char* const eog_names[] = {
+        "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>", "<end_of_turn>",
+        "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]", "<|end_of_text|>",
+        "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>",
+        kDeepseekEndOfSentence, "[e~[",
+    };
+    for (const char* name : eog_names) {
+        int32_t id = d.find(name);
+        if (id >= 0) { eog.push_back(id); mark_control(id); }
+    }
+    // gpt-oss: these structure tokens are rendered as text
+    for (const char* name : {"<|channel|>", "<|message|>", "<|start|>", "<|constrain|>"}) {
+        int32_t id = d.find(name);
+        if (id >= 0) d.attr[id] = TOKEN_ATTR_USER_DEFINED;
+    }
+    for (int32_t id : {d.eos, d.eot, d.eom}) if (id >= 0) eog.push_back(id);
+    std::sort(eog.begin(), eog.end());
+    eog.erase(std::unique(eog.begin(), eog.end()), eog.end());
+    auto has = [&](const char* name) {
+        for (int32_t id : eog) if (d.text[id] == name) return id;
+        return -1;
+    };
+    // o200k_harmony / solar-open: <|end|> ends a message, not the generation
+    if (has("<|end|>") >= 0 && ((has("<|return|>") >= 0 && has("<|call|>") >= 0) ||
+                                (has("<|calls|>") >= 0 && has("<|flush|>") >= 0))) {
+        int32_t id = has("<|end|>");
+        eog.erase(std::find(eog.begin(), eog.end(), id));
+        d.attr[id] = TOKEN_ATTR_USER_DEFINED;
+    }
+    // Gemma 4: </s> is an ordinary token there
+    if (has("<|tool_response>") >= 0 && has("</s>") >= 0) {
+        int32_t id = has("</s>");
+        eog.erase(std::find(eog.begin(), eog.end(), id));
+        d.attr[id] = TOKEN_ATTR_NORMAL;
+    }
+    d.eog = eog;
+}
+
+} // namespace tokenizer_impl
+
+Vocab::Vocab(const GGUF& g) {
+    using namespace tokenizer_impl;
+    auto d = std::make_shared<VocabData>();
+    d->model = g.get_str("tokenizer.ggml.model", "no_vocab");
+    const std::string pre = g.get_str("tokenizer.ggml.pre", "");
+    if (d->model == "no_vocab" || d->model == "none") {
+        const std::string arch = g.get_str("general.architecture", "");
+        d->model = "no_vocab";
+        d->n_tokens = (int32_t)std::max<int64_t>(0, g.get_int(arch + ".vocab_size", 0));
+        d_ = d;
+        return;
+    }
+    if (d->model == "llama") {
+        d->kind = Kind::SPM;
+        d->bos = 1, d->eos = 2, d->unk = 0;
+        d->add_space_prefix = true;
+        d->add_bos = true;
+        d->clean_spaces = false;
+    } else if (d->model == "gpt2") {
+        d->kind = Kind::BPE;
+        d->bos = 11, d->eos = 11;
+        d->pre = pre.empty() ? "default" : pre;
+        d->pretok = pre_tokenizer_for(pre);
+        d->clean_spaces = d->pretok.clean_spaces;
+        d->add_bos = d->pretok.add_bos;
+        if (d->pretok.no_bos) d->bos = -1;
+    } else {
+        fail("unsupported tokenizer model '%s'", d->model.c_str());
+    }
+    d->add_space_prefix = g.get_bool("tokenizer.ggml.add_space_prefix", d->add_space_prefix);
+
+    const GGUFValue* tokens = g.find("tokenizer.ggml.tokens");
+    if (!tokens || !tokens->is_array() || tokens->elem_type != GGUFValueType::STRING)
+        fail("tokenizer.ggml.tokens missing or not an array of strings");
+    const size_t n = tokens->arr_str.size();
+    if (n == 0 || n > (size_t)INT32_MAX / 2) fail("tokenizer.ggml.tokens: bad token count %zu", n);
+    auto numeric_array = [&](const char* key) -> const std::vector<double>* {
+        const GGUFValue* v = g.find(key);
+        if (!v) return nullptr;
+        if (!v->is_array() || v->elem_type == GGUFValueType::STRING || v->elem_type == GGUFValueType::ARRAY)
+            fail("%s is not a numeric array", key);
+        if (v->arr_num.size() < n) fail("%s has %zu entries for %zu tokens", key, v->arr_num.size(), n);
+        return &v->arr_num;
+    };
+    const std::vector<double>* scores = numeric_array("tokenizer.ggml.scores");
+    const std::vector<double>* types = numeric_array("tokenizer.ggml.token_type");
+
+    d->n_tokens = (int32_t)n;
+    d->text.resize(n);
+    d->score.assign(n, 0.0f);
+    d->attr.assign(n, TOKEN_ATTR_NORMAL);
+    d->to_id.reserve(n);
+    for (size_t i = 0; i < n; i++) {
+        std::string t = tokens->arr_str[i];
+        if (t.empty()) t = "[EMPTY_" + std::to_string(i) + "]";
+        if (!d->to_id.emplace(t, (int32_t)i).second)
+            fail("duplicate token in vocabulary: '%s' has ids %d and %zu", t.c_str(), d->to_id[t], i);
+        d->text[i] = std::move(t);
+        if (scores) d->score[i] = (float)(*scores)[i];
+        if (types) {
+            static const uint32_t type_to_attr[7] = {TOKEN_ATTR_UNDEFINED, TOKEN_ATTR_NORMAL, TOKEN_ATTR_UNKNOWN,
+                                                     TOKEN_ATTR_CONTROL, TOKEN_ATTR_USER_DEFINED, TOKEN_ATTR_UNUSED, TOKEN_ATTR_BYTE};
+            double ty = (*types)[i];
+            d->attr[i] = ty >= 0 && ty <= 6 ? type_to_attr[(int)ty] : TOKEN_ATTR_UNDEFINED;
+        }
+    }
+
+    if (d->kind == Kind::BPE) {
+        const GGUFValue* merges = g.find("tokenizer.ggml.merges");
+        if (!merges || !merges->is_array() || merges->elem_type != GGUFValueType::STRING)
+            fail("tokenizer.ggml.merges missing or not an array of strings");
+        d->merge_rank.reserve(merges->arr_str.size());
+        for (size_t i = 0; i < merges->arr_str.size(); i++) {
+            const std::string& m = merges->arr_str[i];
+            size_t sp = m.find(' ', 1);
+            // A merge without a separator pairs "" with "" in the reference: it can never apply.
+            if (sp == std::string::npos) continue;
+            d->merge_rank.emplace(m, (int32_t)i);  // first occurrence wins
+        }
+    }
+
+    read_special_ids(g, *d);
+    d->add_bos = g.get_bool("tokenizer.ggml.add_bos_token", d->add_bos);
+    d->add_eos = g.get_bool("tokenizer.ggml.add_eos_token", d->add_eos);
+    if (d->add_bos && d->bos < 0) fail("tokenizer.ggml.add_bos_token is true, but there is no BOS token");
+    if (d->add_eos && d->eos < 0) fail("tokenizer.ggml.add_eos_token is true, but there is no EOS token");
+    detect_special_tokens(*d);
+
+    for (int32_t id = 0; id < d->n_tokens; id++)
+        if (d->attr[id] & (TOKEN_ATTR_CONTROL | TOKEN_ATTR_USER_DEFINED | TOKEN_ATTR_UNKNOWN)) d->specials.push_back(id);
+    std::stable_sort(d->specials.begin(), d->specials.end(),
+                     [&](int32_t a, int32_t b) { return d->text[a].size() > d->text[b].size(); });
+    d->trie_token.push_back(-1);
+    for (int32_t id : d->specials) {
+        int32_t node = 0;
+        for (char ch : d->text[id]) {
+            auto ins = d->trie_next.emplace((uint64_t)node << 8 | (uint8_t)ch, (int32_t)d->trie_token.size());
+            if (ins.second) d->trie_token.push_back(-1);
+            node = ins.first->second;
+        }
+        d->trie_token[node] = id;
+    }
+
+    d->pieces.resize(n);
+    for (int32_t id = 0; id < d->n_tokens; id++) d->pieces[id] = d->piece(id);
+
+    // Per-model attributes the reference sets by name (they only change how specials are parsed).
+    std::string name = g.get_str("general.name", "");
+    for (char& ch : name) ch = (char)tolower((unsigned char)ch);
+    auto set_attr = [&](const char* tok, uint32_t bit, bool on) {
+        int32_t id = d->find(tok);
+        if (id >= 0) d->attr[id] = on ? (d->attr[id] | bit) : (d->attr[id] & ~bit);
+    };
+    const std::string arch = g.get_str("general.architecture", "");
+    if (pre.find("jina-v2-de") != std::string::npos || pre.find("jina-v2-es") != std::string::npos ||
+        pre.find("jina-v2-code") != std::string::npos || arch.find("nomic-bert-moe") != std::string::npos ||
+        arch.find("jina-bert-v3") != std::string::npos) {
+        set_attr("<mask>", TOKEN_ATTR_LSTRIP, true);
+    } else if (name.find("phi-3") != std::string::npos || name.find("phi3") != std::string::npos) {
+        for (int32_t id : d->specials) d->attr[id] |= TOKEN_ATTR_RSTRIP;
+        set_attr("</s>", TOKEN_ATTR_RSTRIP, true);
+        for (const char* t : {"<unk>", "<s>", "<|endoftext|>"}) set_attr(t, TOKEN_ATTR_RSTRIP, false);
+    } else if (name.find("modern-bert") != std::string::npos) {
+        set_attr("[MASK]", TOKEN_ATTR_LSTRIP, true);
+    }
+    d_ = d;
+}
+
+std::vector<int32_t> Vocab::tokenize(const std::string& text, bool add_special, bool parse_special) const {
+    using tokenizer_impl::Kind;
+    if (!has_tokenizer()) fail("tokenize: the model has no vocabulary");
+    const VocabData& d = *d_;
+    std::vector<int32_t> out;
+    const auto frags = d.partition(text, parse_special);
+    if (add_special && d.add_bos) out.push_back(d.bos);
+    bool prev_special = true;  // SentencePiece: a space is prefixed to text at the start and after specials
+    for (const auto& f : frags) {
+        if (f.token >= 0) {
+            out.push_back(f.token);
+            prev_special = true;
+            continue;
+        }
+        std::string t = text.substr(f.off, f.len);
+        if (d.kind == Kind::SPM) {
+            if (d.add_space_prefix && prev_special) t.insert(t.begin(), ' ');
+            std::string esc;
+            esc.reserve(t.size() + 16);
+            for (char ch : t) {
+                if (ch == ' ') esc += "\xE2\x96\x81"; else esc += ch;
+            }
+            d.spm_tokenize(esc, out);
+        } else {
+            d.bpe_tokenize(t, out);
+        }
+        prev_special = false;
+    }
+    if (add_special && d.add_eos) out.push_back(d.eos);
+    return out;
+}
+
+std::string Vocab::token_to_piece(int32_t id, bool special) const {
+    if (!d_ || !d_->valid(id)) return "";
+    if (!special && (d_->attr[id] & (TOKEN_ATTR_UNKNOWN | TOKEN_ATTR_CONTROL))) return "";
+    return d_->pieces[id];
+}
+
+std::string Vocab::detokenize(const std::vector<int32_t>& ids, bool special) const {
+    if (!has_tokenizer()) return "";
+    const VocabData& d = *d_;
+    std::string s;
+    bool remove_space = d.add_space_prefix;  // only the very first token's leading space
+    for (int32_t id : ids) {
+        std::string p = token_to_piece(id, special);
+        if (remove_space && !p.empty() && p[0] == ' ') p.erase(0, 1);
+        remove_space = false;
+        s += p;
+    }
+    if (!d.clean_spaces) return s;
+    // The reference's three clean-up passes over the text, ported as they are (in place, with `total` as
+    // the write index): " ?" " !" " ." " ," lose the space; " ' " loses both; " 's" " 'm" " 're" " 've"
+    // lose the space.
+    int32_t total = (int32_t)s.size();
+    {
+        const int32_t total1 = total;
+        total = total ? 1 : 0;
+        for (int32_t i = 1; i < total1; ++i) {
+            const char x = s[i];
+            if (s[i - 1] == ' ' && (x == '?' || x == '!' || x == '.' || x == ',')) total--;
+            s[total++] = x;
+        }
+    }
+    {
+        const int32_t total2 = total;
+        total = total ? 1 : 0;
+        for (int32_t i = 1; i < total2; ++i) {
+            const char x = s[i];
+            if (x == '\'' && i + 1 < total2 && s[i - 1] == ' ' && s[i + 1] == ' ') {
+                total--;
+                s[++i] = '\0';
+            }
+            s[total++] = x;
+        }
+    }
+    {
+        const int32_t total3 = total;
+        total = total ? 1 : 0;
+        for (int32_t i = 1; i < total3; ++i) {
+            const char x = s[i];
+            if (s[i - 1] == ' ' && x == '\'' && i + 1 < total3) {
+                const char x1 = s[i + 1];
+                if (x1 == 's' || x1 == 'm') {
+                    total--;
+                } else if (x1 != 't' && x1 != 'd' && i + 2 < total3) {
+                    const char x2 = s[i + 2];
+                    if ((x1 == 'r' && x2 == 'e') || (x1 == 'v' && x2 == 'e')) total--;
+                }
+            }
+            s[total++] = x;
+        }
+    }
+    s.resize(total);
+    return s;
+}
+
+int32_t Vocab::n_tokens() const { return d_ ? d_->n_tokens : 0; }
+int32_t Vocab::bos() const { return d_ ? d_->bos : -1; }
+int32_t Vocab::eos() const { return d_ ? d_->eos : -1; }
+int32_t Vocab::eot() const { return d_ ? d_->eot : -1; }
+int32_t Vocab::eom() const { return d_ ? d_->eom : -1; }
+int32_t Vocab::unk() const { return d_ ? d_->unk : -1; }
+int32_t Vocab::pad() const { return d_ ? d_->pad : -1; }
+int32_t Vocab::sep() const { return d_ ? d_->sep : -1; }
+bool Vocab::add_bos() const { return d_ && d_->add_bos; }
+bool Vocab::add_eos() const { return d_ && d_->add_eos; }
+bool Vocab::add_space_prefix() const { return d_ && d_->add_space_prefix; }
+bool Vocab::clean_spaces() const { return d_ && d_->clean_spaces; }
+bool Vocab::is_eog(int32_t id) const { return d_ && std::binary_search(d_->eog.begin(), d_->eog.end(), id); }
+const std::vector<int32_t>& Vocab::eog_ids() const {
+    static const std::vector<int32_t> none;
+    return d_ ? d_->eog : none;
+}
+bool Vocab::is_control(int32_t id) const { return (token_attr(id) & TOKEN_ATTR_CONTROL) != 0; }
+uint32_t Vocab::token_attr(int32_t id) const { return d_ && d_->valid(id) ? d_->attr[id] : 0; }
+const std::string& Vocab::token_text(int32_t id) const {
+    static const std::string none;
+    return d_ && d_->valid(id) ? d_->text[id] : none;
+}
+float Vocab::token_score(int32_t id) const { return d_ && d_->valid(id) ? d_->score[id] : 0.0f; }
+int32_t Vocab::find_token(const std::string& text) const { return d_ ? d_->find(text) : -1; }
+const std::string& Vocab::model_type() const {
+    static const std::string none = "no_vocab";
+    return d_ ? d_->model : none;
+}
+const std::string& Vocab::pre_type() const {
+    static const std::string none = "default";
+    return d_ ? d_->pre : none;
+}
+bool Vocab::has_tokenizer() const { return d_ && d_->kind != tokenizer_impl::Kind::None; }
+// ============================================================================================
+// 11. Chat templates: family detection and per-family rendering (see the API comment).
+// Each renderer follows its Jinja template statement by statement, so the edge cases (where a
+// system turn goes, what is trimmed, when the generation prompt is skipped) match the original.
+// ============================================================================================
+
+namespace chat_detail {
+
+// ---- Python string semantics used by the templates ----------------------------------------
+
+// Byte length of the Python-whitespace character (str.isspace) starting at s[i], 0 if none.
+// Templates use Jinja's `trim` and Python's strip()/rstrip(), which strip Unicode whitespace too.
+inline size_t space_at(const std::string& s, size_t i) {
+    auto b = [&](size_t k) { return i + k < s.size() ? (unsigned char)s[i + k] : 0u; };
+    unsigned c = b(0);
+    if ((c >= 0x09 && c <= 0x0d) || (c >= 0x1c && c <= 0x20)) return 1;
+    if (c == 0xc2 && (b(1) == 0x85 || b(1) == 0xa0)) return 2;                          // U+0085 U+00A0
+    if (c == 0xe1 && b(1) == 0x9a && b(2) == 0x80) return 3;                            // U+1680
+    if (c == 0xe2 && b(1) == 0x80 && ((b(2) >= 0x80 && b(2) <= 0x8a) || b(2) == 0xa8 || b(2) == 0xa9 || b(2) == 0xaf))
+        return 3;                                                                       // U+2000-200A 2028 2029 202F
+    if (c == 0xe2 && b(1) == 0x81 && b(2) == 0x9f) return 3;                            // U+205F
+    if (c == 0xe3 && b(1) == 0x80 && b(2) == 0x80) return 3;                            // U+3000
+    return 0;
+}
+
+// Byte length of the whitespace character that ends exactly at s[end), 0 if none.
+inline size_t space_before(const std::string& s, size_t end) {
+    for (size_t n = 1; n <= 3 && n <= end; n++)
+        if (space_at(s, end - n) == n) return n;
+    return 0;
+}
+
+inline std::string py_lstrip(const std::string& s) {
+    size_t i = 0, n;
+    while (i < s.size() && (n = space_at(s, i)) != 0) i += n;
+    return s.substr(i);
+}
+inline std::string py_rstrip(const std::string& s) {
+    size_t e = s.size(), n;
+    while (e > 0 && (n = space_before(s, e)) != 0) e -= n;
+    return s.substr(0, e);
+}
+inline std::string py_strip(const std::string& s) { return py_lstrip(py_rstrip(s)); }  // Jinja `trim`
+
+// str.lstrip(c) / rstrip(c) / strip(c) for one ASCII character (the templates strip '\n').
+inline std::string lstrip_char(const std::string& s, char c) {
+    size_t i = 0;
+    while (i < s.size() && s[i] == c) i++;
+    return s.substr(i);
+}
+inline std::string rstrip_char(const std::string& s, char c) {
+    size_t e = s.size();
+    while (e > 0 && s[e - 1] == c) e--;
+    return s.substr(0, e);
+}
+inline std::string strip_char(const std::string& s, char c) { return lstrip_char(rstrip_char(s, c), c); }
+
+inline bool contains(const std::string& s, const char* needle) { return s.find(needle) != std::string::npos; }
+inline bool starts_with(const std::string& s, const std::string& p) { return s.compare(0, p.size(), p) == 0; }
+inline bool ends_with(const std::string& s, const std::string& p) {
+    return s.size() >= p.size() && s.compare(s.size() - p.size(), p.size(), p) == 0;
+}
+
+// s.split(sep)[-1] and s.split(sep)[0]
+inline std::string after_last(const std::string& s, const std::string& sep) {
+    size_t p = s.rfind(sep);
+    return p == std::string::npos ? s : s.substr(p + sep.size());
+}
+inline std::string before_first(const std::string& s, const std::string& sep) {
+    size_t p = s.find(sep);
+    return p == std::string::npos ? s : s.substr(0, p);
+}
+
+// str.replace(old, "")
+inline std::string erase_all(std::string s, const std::string& old) {
+    for (size_t p; (p = s.find(old)) != std::string::npos;) s.erase(p, old.size());
+    return s;
+}
+
+// Hugging Face's `tojson` of a string: json.dumps(s, ensure_ascii=False).
+inline std::string json_quote(const std::string& s) {
+    std::string out = "\"";
+    for (unsigned char c : s) {
+        switch (c) {
+        case '"': out += "\\\""; break;
+        case '\\': out += "\\\\"; break;
+        case '\n': out += "\\n"; break;
+        case '\r': out += "\\r"; break;
+        case '\t': out += "\\t"; break;
+        case '\b': out += "\\b"; break;
+        case '\f': out += "\\f"; break;
+        default:
+            if (c < 0x20) {
+                char buf[8];
+                snprintf(buf, sizeof buf, "\\u%04x", c);
+                out += buf;
+            } else {
+                out += (char)c;
+            }
+        }
+    }
+    return out + "\"";
+}
+
+[[noreturn]] inline void template_error(const std::string& msg) { throw Error(msg); }
+
+using Msgs = std::vector<ChatMessage>;
+
+// `enable_thinking` as the templates test it: undefined counts as falsy in `if enable_thinking`.
+inline bool truthy(int tri) { return tri == 1; }
+
+// ---- ChatML family -------------------------------------------------------------------------
+
+inline std::string im(const std::string& role, const std::string& content) {
+    return "<|im_start|>" + role + "\n" + content + "<|im_end|>\n";
+}
+
+// Plain ChatML, optionally with a default system turn when the first message is not a system one
+// (SmolLM2, Qwen2: `{% if loop.first and messages[0]['role'] != 'system' %}`).
+inline std::string render_chatml(const Msgs& m, const ChatOptions& o, const char* default_system) {
+    std::string out;
+    if (default_system && m[0].role != "system") out += im("system", default_system);
+    for (auto& x : m) out += im(x.role, x.content);
+    if (o.add_generation_prompt) out += "<|im_start|>assistant\n";
+    return out;
+}
+
+// Qwen 2.5 and Qwen 3 group consecutive tool results into one user turn.
+inline void qwen_tool(std::string& out, const Msgs& m, size_t i) {
+    if (i == 0 || m[i - 1].role != "tool") out += "<|im_start|>user";
+    out += "\n<tool_response>\n" + m[i].content + "\n</tool_response>";
+    if (i + 1 == m.size() || m[i + 1].role != "tool") out += "<|im_end|>\n";
+}
+
+inline std::string render_qwen25(const Msgs& m, const ChatOptions& o) {
+    std::string out = m[0].role == "system"
+        ? im("system", m[0].content)
+        : im("system", "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.");
+    for (size_t i = 0; i < m.size(); i++) {
+        const std::string& r = m[i].role;
+        if (r == "user" || (r == "system" && i > 0) || r == "assistant") out += im(r, m[i].content);
+        else if (r == "tool") qwen_tool(out, m, i);
+    }
+    if (o.add_generation_prompt) out += "<|im_start|>assistant\n";
+    return out;
+}
+
+inline std::string render_qwen3(const Msgs& m, const ChatOptions& o) {
+    std::string out;
+    if (m[0].role == "system") out += im("system", m[0].content);
+    // Index of the last real user query (not a wrapped tool response); assistant turns after it
+    // keep their reasoning, earlier ones lose it.
+    size_t last_query = m.size() - 1;
+    for (size_t k = m.size(); k-- > 0;) {
+        const std::string& c = m[k].content;
+        if (m[k].role == "user" && !(starts_with(c, "<tool_response>") && ends_with(c, "</tool_response>"))) {
+            last_query = k;
+            break;
+        }
+    }
+    for (size_t i = 0; i < m.size(); i++) {
+        const std::string& r = m[i].role;
+        if (r == "user" || (r == "system" && i > 0)) {
+            out += im(r, m[i].content);
+        } else if (r == "assistant") {
+            std::string content = m[i].content, reasoning;
+            if (contains(content, "</think>")) {
+                content = lstrip_char(after_last(m[i].content, "</think>"), '\n');
+                reasoning = lstrip_char(after_last(rstrip_char(before_first(m[i].content, "</think>"), '\n'), "<think>"), '\n');
+            }
+            bool last = i + 1 == m.size();
+            if (i > last_query && (last || !reasoning.empty()))
+                out += "<|im_start|>assistant\n<think>\n" + strip_char(reasoning, '\n') + "\n</think>\n\n" + lstrip_char(content, '\n');
+            else
+                out += "<|im_start|>assistant\n" + content;
+            out += "<|im_end|>\n";
+        } else if (r == "tool") {
+            qwen_tool(out, m, i);
+        }
+    }
+    if (o.add_generation_prompt) {
+        out += "<|im_start|>assistant\n";
+        if (o.enable_thinking == 0) out += "<think>\n\n</think>\n\n";
+    }
+    return out;
+}
+
+inline std::string render_smollm3(const Msgs& m, const ChatOptions& o) {
+    bool think = o.enable_thinking != 0;  // undefined -> true
+    std::string custom;
+    if (m[0].role == "system") {
+        const std::string& s = m[0].content;
+        if (contains(s, "/no_think")) think = false;
+        else if (contains(s, "/think")) think = true;
+        custom = py_rstrip(erase_all(erase_all(s, "/no_think"), "/think"));
+    }
+    std::string out = "<|im_start|>system\n## Metadata\n\nKnowledge Cutoff Date: June 2025\nReasoning Mode: ";
+    out += think ? "/think" : "/no_think";
+    out += "\n\n## Custom Instructions\n\n";
+    if (!custom.empty()) {
+        out += custom + "\n\n";
+    } else if (think) {
+        out += "You are a helpful AI assistant named SmolLM, trained by Hugging Face. Your role as an assistant "
+               "involves thoroughly exploring questions through a systematic thinking process before providing "
+               "the final precise and accurate solutions. This requires engaging in a comprehensive cycle of "
+               "analysis, summarizing, exploration, reassessment, reflection, backtracking, and iteration to "
+               "develop well-considered thinking process. Please structure your response into two main sections: "
+               "Thought and Solution using the specified format: <think> Thought section </think> Solution "
+               "section. In the Thought section, detail your reasoning process in steps. Each step should include "
+               "detailed considerations such as analysing questions, summarizing relevant findings, brainstorming "
+               "new ideas, verifying the accuracy of the current steps, refining any errors, and revisiting "
+               "previous steps. In the Solution section, based on various attempts, explorations, and reflections "
+               "from the Thought section, systematically present the final solution that you deem correct. The "
+               "Solution section should be logical, accurate, and concise and detail necessary steps needed to "
+               "reach the conclusion.\n\n";
+    } else {
+        out += "You are a helpful AI assistant named SmolLM, trained by Hugging Face.\n\n";
+    }
+    out += "<|im_end|>\n";
+    const char* empty_think = think ? "" : "<think>\n\n</think>\n";
+    for (auto& x : m) {
+        if (x.role == "user" || x.role == "tool") out += im("user", x.content);
+        else if (x.role == "assistant") out += im("assistant", empty_think + lstrip_char(x.content, '\n'));
+    }
+    if (o.add_generation_prompt) out += std::string("<|im_start|>assistant\n") + empty_think;
+    return out;
+}
+
+// ---- Llama 3 -------------------------------------------------------------------------------
+
+inline std::string llama_turn(const std::string& role, const std::string& body) {
+    return "<|start_header_id|>" + role + "<|end_header_id|>\n\n" + body + "<|eot_id|>";
+}
+
+inline std::string render_llama3(const Msgs& m, const ChatOptions& o) {
+    std::string out = o.bos_token;
+    for (auto& x : m) out += llama_turn(x.role, py_strip(x.content));
+    if (o.add_generation_prompt) out += "<|start_header_id|>assistant<|end_header_id|>\n\n";
+    return out;
+}
+
+// Llama 3.1 - 3.3: a system block with the knowledge cutoff and a date, then the turns. Tool results
+// ("tool"/"ipython") go under the ipython header as JSON (a string is iterable, so `tojson` applies).
+inline std::string render_llama31(const Msgs& m, const ChatOptions& o, const std::string& date) {
+    size_t first = 0;
+    std::string system;
+    if (m[0].role == "system") {
+        system = py_strip(m[0].content);
+        first = 1;
+    }
+    std::string out = o.bos_token;
+    out += llama_turn("system", "Cutting Knowledge Date: December 2023\nToday Date: " + date + "\n\n" + system);
+    for (size_t i = first; i < m.size(); i++) {
+        const std::string& r = m[i].role;
+        if (r == "tool" || r == "ipython") out += llama_turn("ipython", json_quote(m[i].content));
+        else out += llama_turn(r, py_strip(m[i].content));
+    }
+    if (o.add_generation_prompt) out += "<|start_header_id|>assistant<|end_header_id|>\n\n";
+    return out;
+}
+
+// ---- Gemma ---------------------------------------------------------------------------------
+
+inline const char* kAlternate = "Conversation roles must alternate user/assistant/user/assistant/...";
+
+// Both Gemma templates: roles must alternate starting with user; assistant is called "model";
+// content is trimmed; `prefix` (Gemma 3's folded system text) opens the first turn.
+inline std::string render_gemma_turns(const Msgs& m, size_t first, const std::string& prefix, const ChatOptions& o) {
+    std::string out = o.bos_token;
+    for (size_t i = first; i < m.size(); i++) {
+        if ((m[i].role == "user") != ((i - first) % 2 == 0)) template_error(kAlternate);
+        const std::string role = m[i].role == "assistant" ? "model" : m[i].role;
+        out += "<start_of_turn>" + role + "\n" + (i == first ? prefix : "") + py_strip(m[i].content) + "<end_of_turn>\n";
+    }
+    if (o.add_generation_prompt) out += "<start_of_turn>model\n";
+    return out;
+}
+
+// llama-server's polyfill for templates without a system role (minja's chat_template::apply).
+inline Msgs fold_system(const Msgs& m) {
+    Msgs out;
+    std::string pending;
+    auto flush = [&] {
+        if (!pending.empty()) out.push_back({"user", pending});
+        pending.clear();
+    };
+    for (auto& x : m) {
+        if (x.role == "system") {
+            if (!pending.empty()) pending += "\n";
+            pending += x.content;
+            continue;
+        }
+        if (x.role == "user" && !pending.empty()) {
+            out.push_back({"user", pending + (x.content.empty() ? "" : "\n" + x.content)});
+            pending.clear();
+            continue;
+        }
+        if (x.role != "user") flush();
+        out.push_back(x);
+    }
+    flush();
+    return out;
+}
+
+inline std::string render_gemma2(const Msgs& m, const ChatOptions& o) {
+    if (o.fold_system) {
+        Msgs folded = fold_system(m);
+        return render_gemma_turns(folded, 0, "", o);
+    }
+    if (m[0].role == "system") template_error("System role not supported");
+    return render_gemma_turns(m, 0, "", o);
+}
+
+inline std::string render_gemma3(const Msgs& m, const ChatOptions& o) {
+    if (m[0].role == "system") return render_gemma_turns(m, 1, m[0].content + "\n\n", o);
+    return render_gemma_turns(m, 0, "", o);
+}
+
+// ---- DeepSeek ------------------------------------------------------------------------------
+
+inline const char* kDsEos = "<｜end▁of▁sentence｜>";  // the templates spell it out, not eos_token
+
+// System prompts joined with "\n\n" (V3, V3.1) or the last one only (R1-Distill).
+inline std::string ds_system(const Msgs& m, bool join) {
+    std::string s;
+    bool first = true;
+    for (auto& x : m) {
+        if (x.role != "system") continue;
+        s = join && !first ? s + "\n\n" + x.content : x.content;
+        first = false;
+    }
+    return s;
+}
+
+inline std::string render_deepseek_r1(const Msgs& m, const ChatOptions& o, bool has_switch) {
+    std::string out = o.bos_token + ds_system(m, false);
+    bool is_tool = false, output_first = true;
+    for (auto& x : m) {
+        if (x.role == "user") {
+            is_tool = false;
+            out += "<｜User｜>" + x.content;
+        } else if (x.role == "assistant") {
+            if (is_tool) {
+                out += "<｜tool▁outputs▁end｜>" + x.content + kDsEos;
+                is_tool = false;
+            } else {
+                out += "<｜Assistant｜>" + after_last(x.content, "</think>") + kDsEos;
+            }
+        } else if (x.role == "tool") {
+            is_tool = true;
+            out += (output_first ? "<｜tool▁outputs▁begin｜>" : "\n") + std::string("<｜tool▁output▁begin｜>") + x.content + "<｜tool▁output▁end｜>";
+            output_first = false;
+        }
+    }
+    if (is_tool) out += "<｜tool▁outputs▁end｜>";
+    if (o.add_generation_prompt && !is_tool) {
+        out += "<｜Assistant｜><think>\n";
+        if (has_switch && !truthy(o.enable_thinking)) out += "</think>";
+    }
+    return out;
+}
+
+inline std::string render_deepseek_v3(const Msgs& m, const ChatOptions& o) {
+    std::string out = o.bos_token + ds_system(m, true);
+    bool is_tool = false, output_first = true, last_user = false;
+    for (auto& x : m) {
+        if (x.role == "user") {
+            is_tool = false;
+            last_user = true;
+            out += "<｜User｜>" + x.content + "<｜Assistant｜>";
+        } else if (x.role == "assistant") {
+            last_user = false;
+            out += (is_tool ? "<｜tool▁outputs▁end｜>" : "") + x.content + kDsEos;
+            is_tool = false;
+        } else if (x.role == "tool") {
+            last_user = false;
+            is_tool = true;
+            out += (output_first ? "<｜tool▁outputs▁begin｜>" : "") + std::string("<｜tool▁output▁begin｜>") + x.content + "<｜tool▁output▁end｜>";
+            output_first = false;
+        }
+    }
+    if (is_tool) out += "<｜tool▁outputs▁end｜>";
+    if (o.add_generation_prompt && !last_user && !is_tool) out += "<｜Assistant｜>";
+    return out;
+}
+
+inline std::string render_deepseek_v31(const Msgs& m, const ChatOptions& o) {
+    bool thinking = truthy(o.enable_thinking);  // undefined -> false
+    std::string out = o.bos_token + ds_system(m, true);
+    bool is_tool = false, last_user = false;
+    for (auto& x : m) {
+        if (x.role == "user") {
+            is_tool = false;
+            last_user = true;
+            out += "<｜User｜>" + x.content;
+        } else if (x.role == "assistant") {
+            if (last_user) out += "<｜Assistant｜><think></think>";
+            last_user = false;
+            std::string content = x.content;
+            if (!is_tool && contains(content, "</think>")) content = content.substr(content.find("</think>") + 8);
+            out += content + kDsEos;
+            is_tool = false;
+        } else if (x.role == "tool") {
+            last_user = false;
+            is_tool = true;
+            out += "<｜tool▁output▁begin｜>" + x.content + "<｜tool▁output▁end｜>";
+        }
+    }
+    if (o.add_generation_prompt && last_user && !is_tool) out += thinking ? "<｜Assistant｜><think>" : "<｜Assistant｜><think></think>";
+    return out;
+}
+
+inline std::string render_deepseek_coder(const Msgs& m, const ChatOptions& o) {
+    std::string out = o.bos_token;
+    bool has_system = false;
+    for (auto& x : m) has_system |= x.role == "system";
+    if (!has_system)
+        out += "You are an AI programming assistant, utilizing the Deepseek Coder model, developed by Deepseek "
+               "Company, and you only answer questions related to computer science. For politically sensitive "
+               "questions, security and privacy issues, and other non-computer science questions, you will "
+               "refuse to answer\n";
+    for (auto& x : m) {
+        if (x.role == "system") out += x.content;
+        else if (x.role == "user") out += "### Instruction:\n" + x.content + "\n";
+        else out += "### Response:\n" + x.content + "\n<|EOT|>\n";
+    }
+    if (o.add_generation_prompt) out += "### Response:\n";
+    return out;
+}
+
+// ---- Mistral Nemo, Phi-3 -------------------------------------------------------------------
+
+inline std::string render_mistral_nemo(const Msgs& m, const ChatOptions& o) {
+    size_t first = m[0].role == "system" ? 1 : 0;
+    // The template checks alternation (tool results excepted) before it prints anything.
+    size_t n = 0;
+    for (size_t i = first; i < m.size(); i++) {
+        const std::string& r = m[i].role;
+        if (r == "tool" || r == "tool_results") continue;
+        if ((r == "user") != (n % 2 == 0))
+            template_error("After the optional system message, conversation roles must alternate user/assistant/user/assistant/...");
+        n++;
+    }
+    std::string out = o.bos_token;
+    for (size_t i = first; i < m.size(); i++) {
+        const std::string& r = m[i].role;
+        if (r == "user") {
+            bool with_system = first == 1 && i + 1 == m.size();
+            out += "[INST]" + (with_system ? m[0].content + "\n\n" : std::string()) + m[i].content + "[/INST]";
+        } else if (r == "assistant") {
+            out += m[i].content + o.eos_token;
+        } else if (r == "tool" || r == "tool_results") {
+            template_error("Tool call IDs should be alphanumeric strings with length 9!");  // we carry no tool_call_id
+        } else {
+            template_error("Only user and assistant roles are supported, with the exception of an initial optional system message!");
+        }
+    }
+    return out;
+}
+
+inline std::string render_phi3(const Msgs& m, const ChatOptions& o) {
+    std::string out;
+    for (auto& x : m) {
+        if ((x.role == "system" && !x.content.empty()) || x.role == "user" || x.role == "assistant")
+            out += "<|" + x.role + "|>\n" + x.content + "<|end|>\n";
+    }
+    out += o.add_generation_prompt ? "<|assistant|>\n" : o.eos_token;
+    return out;
+}
+
+// ---- Names ---------------------------------------------------------------------------------
+
+struct FamilyName {
+    ChatFamily family;
+    const char* name;  // the first entry of a family is its canonical name, the rest are aliases
+};
+inline const FamilyName kFamilyNames[] = {
+    {ChatFamily::ChatML, "chatml"},
+    {ChatFamily::Qwen2, "qwen2"},
+    {ChatFamily::Qwen25, "qwen2.5"},      {ChatFamily::Qwen25, "qwen25"},   {ChatFamily::Qwen25, "qwen"},
+    {ChatFamily::Qwen3, "qwen3"},
+    {ChatFamily::SmolLM2, "smollm2"},     {ChatFamily::SmolLM2, "smollm"},
+    {ChatFamily::SmolLM3, "smollm3"},
+    {ChatFamily::Llama3, "llama3"},
+    {ChatFamily::Llama31, "llama3.1"},    {ChatFamily::Llama31, "llama31"}, {ChatFamily::Llama31, "llama3.3"},
+    {ChatFamily::Llama32, "llama3.2"},    {ChatFamily::Llama32, "llama32"},
+    {ChatFamily::Gemma2, "gemma2"},
+    {ChatFamily::Gemma3, "gemma3"},       {ChatFamily::Gemma3, "gemma"},
+    {ChatFamily::DeepSeekR1, "deepseek-r1"},  {ChatFamily::DeepSeekR1, "deepseek-r1-distill"},
+    {ChatFamily::DeepSeekR1Switch, "deepseek-r1-switch"},
+    {ChatFamily::DeepSeekV3, "deepseek3"},    {ChatFamily::DeepSeekV3, "deepseek-v3"},
+    {ChatFamily::DeepSeekV31, "deepseek3.1"}, {ChatFamily::DeepSeekV31, "deepseek-v3.1"},
+    {ChatFamily::DeepSeekCoder, "deepseek-coder"}, {ChatFamily::DeepSeekCoder, "deepseek"},
+    {ChatFamily::MistralNemo, "mistral-nemo"}, {ChatFamily::MistralNemo, "mistral-v3-tekken"},
+    {ChatFamily::Phi3, "phi3"},           {ChatFamily::Phi3, "phi3.5"},
+};
+
+} // namespace chat_detail
+
+std::string chat_family_name(ChatFamily f) {
+    for (auto& e : chat_detail::kFamilyNames)
+        if (e.family == f) return e.name;
+    return "unknown";
+}
+
+std::vector<std::string> chat_family_names() {
+    std::vector<std::string> names;
+    ChatFamily prev = ChatFamily::Unknown;
+    for (auto& e : chat_detail::kFamilyNames) {
+        if (e.family != prev) names.push_back(e.name);
+        prev = e.family;
+    }
+    return names;
+}
+
+ChatFamily chat_family_from_name(const std::string& name) {
+    std::string lower = name;
+    for (char& c : lower) if (c >= 'A' && c <= 'Z') c = (char)(c - 'A' + 'a');
+    for (auto& e : chat_detail::kFamilyNames)
+        if (lower == e.name) return e.family;
+    std::string all;
+    for (auto& n : chat_family_names()) all += (all.empty() ? "" : ", ") + n;
+    throw Error("unknown chat template '" + name + "' (known: " + all + ")");
+}
+
+// Distinctive substrings of each family's template source (Jinja text, so "\n" inside string literals
+// appears as backslash-n). More specific families are tested before the generic ones they resemble.
+ChatFamily chat_detect_family(const std::string& t) {
+    using chat_detail::contains;
+    if (contains(t, "<|im_start|>")) {
+        if (contains(t, "<|im_sep|>")) return ChatFamily::Unknown;  // Phi-4: ChatML-like but not ChatML
+        if (contains(t, "Reasoning Mode") && contains(t, "/no_think")) return ChatFamily::SmolLM3;
+        if (contains(t, "You are Qwen, created by Alibaba Cloud")) return ChatFamily::Qwen25;
+        if (contains(t, "last_query_index") || (contains(t, "reasoning_content") && contains(t, "<think>")))
+            return ChatFamily::Qwen3;
+        if (contains(t, "named SmolLM")) return ChatFamily::SmolLM2;
+        if (contains(t, "You are a helpful assistant.<|im_end|>")) return ChatFamily::Qwen2;
+        if (contains(t, "<|im_end|>") && contains(t, "add_generation_prompt")) return ChatFamily::ChatML;
+        return ChatFamily::Unknown;
+    }
+    if (contains(t, "<｜User｜>") && contains(t, "<｜Assistant｜>")) {
+        if (contains(t, "<think></think>")) return ChatFamily::DeepSeekV31;
+        if (contains(t, "<｜Assistant｜><think>"))
+            return contains(t, "enable_thinking") ? ChatFamily::DeepSeekR1Switch : ChatFamily::DeepSeekR1;
+        return ChatFamily::DeepSeekV3;
+    }
+    if (contains(t, "### Instruction:") && contains(t, "### Response:") && contains(t, "<|EOT|>"))
+        return ChatFamily::DeepSeekCoder;
+    if (contains(t, "<|start_header_id|>") && contains(t, "<|eot_id|>")) {
+        if (contains(t, "Cutting Knowledge Date"))
+            return contains(t, "strftime_now") ? ChatFamily::Llama32 : ChatFamily::Llama31;
+        return ChatFamily::Llama3;
+    }
+    if (contains(t, "<start_of_turn>") && contains(t, "<end_of_turn>")) {
+        if (contains(t, "first_user_prefix")) return ChatFamily::Gemma3;
+        if (contains(t, "System role not supported")) return ChatFamily::Gemma2;
+        return ChatFamily::Unknown;
+    }
+    // Mistral Nemo writes "[INST]" with no space after it; v1/v3 templates use "[INST] ", v7 adds
+    // [SYSTEM_PROMPT].
+    if (contains(t, "[INST]") && contains(t, "[/INST]") && !contains(t, "[INST] ") && !contains(t, "[SYSTEM_PROMPT]"))
+        return ChatFamily::MistralNemo;
+    if (contains(t, "<|user|>") && contains(t, "<|assistant|>") && contains(t, "<|end|>")) return ChatFamily::Phi3;
+    return ChatFamily::Unknown;
+}
+
+std::string chat_render(ChatFamily f, const std::vector<ChatMessage>& m, const ChatOptions& o) {
+    using namespace chat_detail;
+    if (m.empty()) template_error("chat template: no messages");
+    switch (f) {
+    case ChatFamily::ChatML: return render_chatml(m, o, nullptr);
+    case ChatFamily::Qwen2: return render_chatml(m, o, "You are a helpful assistant.");
+    case ChatFamily::SmolLM2: return render_chatml(m, o, "You are a helpful AI assistant named SmolLM, trained by Hugging Face");
+    case ChatFamily::Qwen25: return render_qwen25(m, o);
+    case ChatFamily::Qwen3: return render_qwen3(m, o);
+    case ChatFamily::SmolLM3: return render_smollm3(m, o);
+    case ChatFamily::Llama3: return render_llama3(m, o);
+    case ChatFamily::Llama31: return render_llama31(m, o, "26 Jul 2024");
+    case ChatFamily::Llama32: return render_llama31(m, o, o.date_string.empty() ? "26 Jul 2024" : o.date_string);
+    case ChatFamily::Gemma2: return render_gemma2(m, o);
+    case ChatFamily::Gemma3: return render_gemma3(m, o);
+    case ChatFamily::DeepSeekR1: return render_deepseek_r1(m, o, false);
+    case ChatFamily::DeepSeekR1Switch: return render_deepseek_r1(m, o, true);
+    case ChatFamily::DeepSeekV3: return render_deepseek_v3(m, o);
+    case ChatFamily::DeepSeekV31: return render_deepseek_v31(m, o);
+    case ChatFamily::DeepSeekCoder: return render_deepseek_coder(m, o);
+    case ChatFamily::MistralNemo: return render_mistral_nemo(m, o);
+    case ChatFamily::Phi3: return render_phi3(m, o);
+    case ChatFamily::Unknown: break;
+    }
+    template_error("chat template: unknown family");
+}
+
+std::string chat_render(ChatFamily f, const std::vector<ChatMessage>& msgs, bool add_generation_prompt,
+                        const std::string& bos_token, const std::string& eos_token, const std::string& date_string) {
+    ChatOptions o;
+    o.add_generation_prompt = add_generation_prompt;
+    o.bos_token = bos_token;
+    o.eos_token = eos_token;
+    o.date_string = date_string;
+    return chat_render(f, msgs, o);
+}
+
+// ============================================================================================
+// 12. Thread pool
 // ============================================================================================
 // Workers live as long as the context. A job is published by bumping `generation_`; workers spin
 // briefly before sleeping so the many small jobs of a decode step do not pay a wake-up each.
@@ -971,7 +5868,7 @@ private:
 };
 
 // ============================================================================================
-// 8. Model
+// 13. Model
 // ============================================================================================
 
 const char* arch_name(Arch a) {
@@ -1318,7 +6215,7 @@ std::unique_ptr<Model> Model::load(const std::string& path, const ModelOptions& 
 }
 
 // ============================================================================================
-// 9. KV cache
+// 14. KV cache
 // ============================================================================================
 // Each layer keeps one row of K and one of V per cell, quantized to the cache type. A sequence's
 // positions map to cells through its page table (pages of 16 cells), so sequences can share one
@@ -1406,7 +6303,7 @@ struct KVCache {
 };
 
 // ============================================================================================
-// 10. Forward pass
+// 15. Forward pass
 // ============================================================================================
 // One code path for every batch size: activations are [n_tokens x width] row-major f32. Matrix
 // products convert the activations once to the weight's dot-product type (as the reference does, so
@@ -2044,7 +6941,9 @@ size_t Context::kv_bytes_per_token() const { return impl_->kv.bytes_per_token();
 int Context::n_threads() const { return impl_->pool.size(); }
 const Model& Context::model() const { return impl_->model; }
 
-// Memory planning -----------------------------------------------------------------------------
+// ============================================================================================
+// 16. Memory planning
+// ============================================================================================
 
 size_t kv_bytes_per_token(const HParams& hp, Type type_k, Type type_v) {
     const size_t k = row_bytes(type_k, hp.n_embd_k_gqa());
@@ -2100,7 +6999,7 @@ MemoryPlan plan_memory(const Model& model, int n_ctx_slot, int n_slots, Type typ
 }
 
 // ============================================================================================
-// 11. Sampling
+// 17. Sampling
 // ============================================================================================
 // The order follows llama.cpp's default chain: penalties, top-k, top-p, min-p, temperature, draw.
 
@@ -2175,7 +7074,186 @@ std::vector<std::pair<int32_t, float>> Sampler::top_probs(const float* logits, i
     return out;
 }
 
-#include "wip/eval.inc"
+// ============================================================================================
+// 18. Evaluation: perplexity and KL divergence (see the API section)
+// ============================================================================================
+
+// Running mean and standard error of a per-position quantity (NLL, KL, top-1 agreement).
+struct EvalAccumulator {
+    double sum = 0, sum2 = 0, max = 0;
+    int64_t n = 0;
+    void add(double x) {
+        sum += x;
+        sum2 += x * x;
+        max = n == 0 ? x : std::max(max, x);
+        n++;
+    }
+    double mean() const { return n ? sum / n : 0; }
+    // Standard error of the mean, as llama-perplexity computes it: sqrt(var / (n - 1)).
+    double err() const {
+        if (n < 2) return 0;
+        const double m = mean(), var = sum2 / n - m * m;
+        return var > 0 ? std::sqrt(var / (n - 1)) : 0;
+    }
+};
+
+// log(sum(exp(x))) of one logit row (the log-softmax normalizer) and its argmax (first on ties).
+struct EvalRowStats {
+    double log_norm;
+    int argmax;
+};
+
+static EvalRowStats eval_row_stats(const float* x, int n) {
+    int am = 0;
+    for (int i = 1; i < n; i++) am = x[i] > x[am] ? i : am;
+    const float mx = x[am];
+    double sum = 0;
+    for (int i = 0; i < n; i++) sum += std::exp(x[i] - mx);
+    return {mx + std::log(sum), am};
+}
+
+// KL(base || model) = sum_i p_base(i) * (log p_base(i) - log p_model(i)). The log-probability
+// difference is formed from the raw logits in double (exact for floats) minus the normalizers'
+// difference, so identical rows give exactly 0 and small divergences keep their precision.
+static double eval_kl(const float* base, const EvalRowStats& sb, const float* model, const EvalRowStats& sm, int n) {
+    const double dnorm = sb.log_norm - sm.log_norm;
+    const float bnorm = (float)sb.log_norm;
+    double kl = 0;
+    for (int i = 0; i < n; i++) kl += std::exp(base[i] - bnorm) * ((double)base[i] - (double)model[i] - dnorm);
+    return std::max(0.0, kl);
+}
+
+static void eval_check_base(const Model& model, const Model* base) {
+    if (base && base->hp.n_vocab != model.hp.n_vocab) {
+        fail("the base model's vocabulary has %d tokens, the model's %d: KL divergence needs the same vocabulary",
+             base->hp.n_vocab, model.hp.n_vocab);
+    }
+}
+
+PerplexityResult evaluate_perplexity(const Model& model, const Model* base, const std::vector<int32_t>& tokens,
+                                     const PerplexityParams& params, const PerplexityProgress& progress) {
+    const int n_ctx = params.n_ctx, n_vocab = model.hp.n_vocab;
+    if (n_ctx < 4) fail("perplexity needs a context of at least 4 tokens (got %d)", n_ctx);
+    if (params.n_batch <= 0) fail("batch size must be positive");
+    eval_check_base(model, base);
+    if ((int64_t)tokens.size() < 2 * (int64_t)n_ctx) {
+        fail("perplexity with a context of %d needs at least %d tokens; the text has only %zu", n_ctx, 2 * n_ctx,
+             tokens.size());
+    }
+    int n_chunks = (int)(tokens.size() / n_ctx);
+    if (params.n_chunks > 0) n_chunks = std::min(n_chunks, params.n_chunks);
+
+    const double t0 = now_seconds();
+    ContextParams cp;
+    cp.n_ctx = n_ctx;
+    cp.n_threads = params.n_threads;
+    Context ctx(model, cp);
+    std::unique_ptr<Context> base_ctx = base ? std::make_unique<Context>(*base, cp) : nullptr;
+    ThreadPool pool(ctx.n_threads());
+
+    // As llama-perplexity: every chunk starts with BOS when the model adds one, so each is scored like
+    // a document of its own; the replaced token is never a scored target (those start at n_ctx/2 + 1).
+    const bool add_bos = model.vocab.add_bos() && model.vocab.bos() >= 0;
+    const int first = n_ctx / 2;  // first position whose prediction is scored
+
+    // Per scored position of one batch, filled in parallel, then added in order (deterministic sums).
+    struct PositionScore { double nll, base_nll, kl; bool same_top; };
+    std::vector<PositionScore> scores;
+    EvalAccumulator nll, base_nll, kl, same_top;
+    Batch batch;
+    for (int c = 0; c < n_chunks; c++) {
+        const int32_t* chunk = tokens.data() + (size_t)c * n_ctx;
+        ctx.seq_truncate(0, 0);
+        if (base_ctx) base_ctx->seq_truncate(0, 0);
+        for (int b0 = 0; b0 < n_ctx; b0 += params.n_batch) {
+            const int b1 = std::min(n_ctx, b0 + params.n_batch);
+            batch.clear();
+            for (int i = b0; i < b1; i++) {
+                batch.add(i == 0 && add_bos ? model.vocab.bos() : chunk[i], i, 0, i >= first && i < n_ctx - 1);
+            }
+            ctx.decode(batch);
+            if (base_ctx) base_ctx->decode(batch);
+            const int n_out = ctx.n_logits();
+            if (n_out == 0) continue;
+            const int out0 = std::max(b0, first);  // position of the first output row
+            scores.resize(n_out);
+            pool.parallel_for(n_out, 1, [&](int64_t j0, int64_t j1, int) {
+                for (int64_t j = j0; j < j1; j++) {
+                    const int32_t target = chunk[out0 + j + 1];
+                    const float* lm = ctx.logits((int)j);
+                    const EvalRowStats sm = eval_row_stats(lm, n_vocab);
+                    PositionScore& s = scores[j];
+                    s = {sm.log_norm - lm[target], 0, 0, false};
+                    if (base_ctx) {
+                        const float* lb = base_ctx->logits((int)j);
+                        const EvalRowStats sb = eval_row_stats(lb, n_vocab);
+                        s.base_nll = sb.log_norm - lb[target];
+                        s.kl = eval_kl(lb, sb, lm, sm, n_vocab);
+                        s.same_top = sb.argmax == sm.argmax;
+                    }
+                }
+            });
+            for (const PositionScore& s : scores) {
+                nll.add(s.nll);
+                if (!base_ctx) continue;
+                base_nll.add(s.base_nll);
+                kl.add(s.kl);
+                same_top.add(s.same_top ? 1.0 : 0.0);
+            }
+        }
+        if (progress) progress(c + 1, n_chunks, std::exp(nll.mean()));
+    }
+
+    PerplexityResult r;
+    r.n_ctx = n_ctx;
+    r.n_tokens = (int)tokens.size();
+    r.n_chunks = n_chunks;
+    r.n_scored = (int)nll.n;
+    r.ppl = std::exp(nll.mean());
+    r.ppl_err = r.ppl * nll.err();  // d exp(m) = exp(m) dm
+    if (base_ctx) {
+        r.has_kl = true;
+        r.base_ppl = std::exp(base_nll.mean());
+        r.base_ppl_err = r.base_ppl * base_nll.err();
+        r.mean_kl = kl.mean();
+        r.mean_kl_err = kl.err();
+        r.max_kl = kl.max;
+        r.top1_agree = 100 * same_top.mean();
+        r.top1_agree_err = 100 * same_top.err();  // = sqrt(p(1-p)/(n-1)) for 0/1 values
+    }
+    r.seconds = now_seconds() - t0;
+    return r;
+}
+
+PerplexityResult evaluate_perplexity(const Model& model, const Model* base, const std::string& text,
+                                     const PerplexityParams& params, const PerplexityProgress& progress) {
+    if (!model.vocab.has_tokenizer()) fail("the model has no tokenizer: evaluate token ids instead of text");
+    eval_check_base(model, base);
+    std::vector<int32_t> tokens = model.vocab.tokenize(text, /*add_special=*/true, /*parse_special=*/false);
+    // Same size is not enough for KL to mean anything: the ids must stand for the same text.
+    if (base && base->vocab.has_tokenizer() && base->vocab.tokenize(text, true, false) != tokens) {
+        fail("the base model tokenizes the text differently: the vocabularies do not match");
+    }
+    return evaluate_perplexity(model, base, tokens, params, progress);
+}
+
+PerplexityProgress perplexity_progress_printer(FILE* out) {
+    return [out](int chunk, int n_chunks, double ppl) {
+        fprintf(out, "[%d]%.4f,%s", chunk, ppl, chunk == n_chunks ? "\n" : "");
+        fflush(out);
+    };
+}
+
+void print_perplexity_report(const PerplexityResult& r, FILE* out) {
+    fprintf(out, "%d chunks of %d tokens (%d tokens in the text), %d positions scored, %.2f s\n", r.n_chunks, r.n_ctx,
+            r.n_tokens, r.n_scored, r.seconds);
+    fprintf(out, "Final estimate: PPL = %.4f +/- %.5f\n", r.ppl, r.ppl_err);
+    if (!r.has_kl) return;
+    fprintf(out, "Mean PPL(base): %.4f +/- %.5f\n", r.base_ppl, r.base_ppl_err);
+    fprintf(out, "Mean    KLD: %10.6f ± %10.6f\n", r.mean_kl, r.mean_kl_err);
+    fprintf(out, "Maximum KLD: %10.6f\n", r.max_kl);
+    fprintf(out, "Same top p: %6.3f ± %5.3f %%\n", r.top1_agree, r.top1_agree_err);
+}
 
 } // namespace llm
 #endif // LLM_IMPLEMENTATION

@@ -23,7 +23,7 @@ import unicodedata
 
 MAX_CP = 0x110000
 
-# Category classes; must match the UCat enum in tokenizer.inc.
+# Category classes; must match the UCat enum in llm.hpp (section 10, tokenizer).
 UCAT_OTHER, UCAT_NUMBER, UCAT_LETTER, UCAT_MARK, UCAT_PUNCT, UCAT_SYMBOL, UCAT_CONTROL = range(7)
 WS_BIT = 0x08
 
