@@ -6079,7 +6079,7 @@ static void split_legacy_kv_b(Model& m, LayerWeights& L, const TensorInfo* kv_b)
     const int64_t R = hp.kv_lora_rank, nope = hp.qk_nope, vd = hp.v_head_dim, per_head = nope + vd;
     const Type t = kv_b->type == Type::F16 ? Type::F16 : Type::F32;
     std::vector<uint8_t> buf(row_bytes(t, nope) * R * hp.n_head);
-    std::vector<float> row(R), col(nope);
+    std::vector<float> col(nope);
     TensorInfo kb;
     kb.name = kv_b->name + ".k_b";
     kb.type = t;
@@ -6318,7 +6318,7 @@ struct Context::Impl {
     int n_logits = 0;
     // Scratch, reused between calls.
     std::vector<float> x, cur, q, k, v, attn, tmp, qa, gathered, gathered_out;
-    std::vector<float> ffn_gate, ffn_up, moe_out, router;
+    std::vector<float> ffn_gate, ffn_up, moe_out, router, shexp_out, rope_cs;
     std::vector<std::vector<uint8_t>> act;     // activations converted for matmuls
     std::vector<std::vector<float>> thread_scratch;
     std::vector<std::vector<uint8_t>> thread_bytes;
@@ -6438,7 +6438,8 @@ struct Context::Impl {
     void rope(float* data, int n, int n_heads, int64_t head_stride, int offset, const int32_t* pos, float base) {
         const HParams& hp = model.hp;
         const int n_rot = hp.n_rot;
-        std::vector<float> cs(n_rot);
+        std::vector<float>& cs = rope_cs;
+        cs.resize(n_rot);
         for (int i = 0; i < n; i++) {
             rope_angles(pos[i], base, cs.data());
             for (int h = 0; h < n_heads; h++) {
@@ -6702,9 +6703,9 @@ struct Context::Impl {
             for (int i = 0; i < n; i++) moe_routed(L, xin + i * E, 1, out + i * E);
         }
         if (L.gate_shexp) {
-            std::vector<float> shared((size_t)n * E);
-            ffn_dense(L.gate_shexp, L.up_shexp, L.down_shexp, xin, n, shared.data());
-            for (int64_t j = 0; j < n * E; j++) out[j] += shared[j];
+            shexp_out.resize((size_t)n * E);
+            ffn_dense(L.gate_shexp, L.up_shexp, L.down_shexp, xin, n, shexp_out.data());
+            for (int64_t j = 0; j < n * E; j++) out[j] += shexp_out[j];
         }
     }
     void moe_routed(const LayerWeights& L, const float* xin, int n, float* out) {
