@@ -105,6 +105,7 @@ struct TensorInfo {
     int file_index = 0;            // which split part holds it
     const uint8_t* data = nullptr; // mapped bytes
     size_t nbytes = 0;
+    bool interleaved = false;      // repacked at load, 16 rows at a time (see interleave_rows16)
     int64_t nelements() const { return ne[0] * ne[1] * ne[2] * ne[3]; }
 };
 
@@ -167,6 +168,20 @@ Isa isa_best();                  // the best instruction set this CPU and OS sup
 Isa isa_current();               // the one in use (initially isa_best())
 void isa_set(Isa isa);           // force one (tests, benchmarks); throws Error if unsupported
 std::string isa_name(Isa isa);
+
+// Interleaved weights: matmul weights repacked at load for the AVX-512 VNNI kernels. Each group of 16
+// rows is stored so that one 512-bit register holds four consecutive values of each of the 16 rows,
+// the operand of vpdpbusd against four broadcast activation bytes, so a row group is multiplied by a
+// column without any horizontal sums. A group keeps exactly the bytes of its 16 rows (tensor sizes
+// and expert offsets do not change), and the repacking is lossless (deinterleave gives the file's
+// bytes back). Types: Q4_K.
+constexpr int kInterleaveRows = 16;
+bool interleave_supported(Type t, int64_t k, int64_t rows);  // this type and shape, on this CPU and ISA
+void interleave_rows16(Type t, const uint8_t* src, uint8_t* dst, int64_t k, int64_t rows);
+void deinterleave_rows16(Type t, const uint8_t* src, uint8_t* dst, int64_t k, int64_t rows);
+// matmul_rows for interleaved weights; r0 and r1 are multiples of 16.
+void matmul_rows_interleaved(Type wt, const uint8_t* W, int64_t k, int64_t r0, int64_t r1, const uint8_t* act,
+                             size_t act_row_bytes, int64_t n_act, float* out, int64_t ld_out);
 // ---- Quantizer ----------------------------------------------------------------------------
 // Model quantization as llama-quantize does it (no importance matrix): the same per-tensor type choice for
 // each file type ("mix") and bit-identical quantized data.
@@ -418,6 +433,7 @@ struct ModelOptions {
     bool mlock = false;
     bool vocab_only = false;     // tokenizer only: no architecture or tensors required
     bool metadata_only = false;  // tokenizer and hyperparameters, no tensors bound (for --plan)
+    bool interleave = true;      // repack matmul weights for this CPU's fastest kernels (needs use_mmap)
 };
 
 class Model {
@@ -430,6 +446,7 @@ public:
     const TensorInfo *tok_embd = nullptr, *output_norm = nullptr, *output = nullptr, *rope_freqs = nullptr;
     std::vector<LayerWeights> layers;
     std::vector<std::vector<uint8_t>> derived;  // tensors made at load (legacy MLA k_b, transposed)
+    std::vector<std::unique_ptr<TensorInfo>> interleaved;  // repacked dense weights (the layers point here)
     size_t weight_bytes() const;  // bytes of all tensors
     size_t n_params() const;
 };
@@ -726,6 +743,20 @@ static_assert(sizeof(block_q4_0) == 18 && sizeof(block_q4_1) == 20 && sizeof(blo
               sizeof(block_q2_K) == 84 && sizeof(block_q3_K) == 110 && sizeof(block_q4_K) == 144 &&
               sizeof(block_q5_K) == 176 && sizeof(block_q6_K) == 210 && sizeof(block_q8_K) == 292 &&
               sizeof(block_iq4_nl) == 18, "block layouts must match ggml");
+
+// Q4_K interleaved (section 6): one 256-value block of 16 rows, 2304 bytes like the 16 blocks it
+// replaces. The 6-bit scales and mins are numbered so SIMD unpacking yields them in the order the
+// kernel consumes: scale e = sub-block * 16 + row, min e = (sub-block / 2) * 32 + row * 2 + sub-block % 2.
+// Value e < 64 sits in the low nibble of lo[e], e >= 64 in the high nibble of lo[e - 64]; hi[e % 64]
+// has their top two bits (bits 0-1 / 2-3 for scales e < 64 / e >= 64, bits 4-5 / 6-7 for mins).
+// qs[sb][c] holds sub-block sb's values 4c..4c+3 (low nibbles) and 4c+16..4c+19 (high), four bytes
+// per row, rows in order.
+struct block_q4_K_x16 {
+    uint16_t d[16], dmin[16];
+    uint8_t scales_lo[64], mins_lo[64], hi[64];
+    uint8_t qs[8][4][64];
+};
+static_assert(sizeof(block_q4_K_x16) == 16 * sizeof(block_q4_K), "an interleaved group keeps its rows' bytes");
 
 constexpr int8_t kIQ4NLValues[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 
@@ -1113,6 +1144,17 @@ namespace qimpl {
 
 // ---- scale unpacking shared by dequantization, scalar and SIMD dot products ----------------
 
+// Q4_K/Q5_K 6-bit scale and min packing (the inverse of get_scale_min_k4; s zeroed first).
+inline void pack_scale_min_k4(int j, uint8_t ls, uint8_t lm, uint8_t* s) {
+    if (j < 4) {
+        s[j] = ls;
+        s[j + 4] = lm;
+    } else {
+        s[j + 4] = (uint8_t)((ls & 0xF) | ((lm & 0xF) << 4));
+        s[j - 4] |= (uint8_t)((ls >> 4) << 6);
+        s[j - 0] |= (uint8_t)((lm >> 4) << 6);
+    }
+}
 // Q4_K / Q5_K: eight 6-bit scales and eight 6-bit mins packed into 12 bytes.
 inline void unpack_scale_min_k4(const uint8_t* q, uint8_t sc[8], uint8_t mn[8]) {
     for (int j = 0; j < 8; j++) {
@@ -2429,6 +2471,228 @@ void matmul_rows(Type wt, const uint8_t* W, size_t w_row_bytes, int64_t k, int64
     }
 }
 
+// ---- interleaved weights (16 rows per group, see block_q4_K_x16) ------------------------------
+
+namespace qimpl {
+// Sets 6-bit value v at element e of an interleaved scale (base 0) or min (base 4) array.
+inline void put6(uint8_t* lo, uint8_t* hi, int e, int base, uint8_t v) {
+    lo[e % 64] |= (uint8_t)((v & 15) << (4 * (e / 64)));
+    hi[e % 64] |= (uint8_t)((v >> 4) << (base + 2 * (e / 64)));
+}
+inline uint8_t get6(const uint8_t* lo, const uint8_t* hi, int e, int base) {
+    return (uint8_t)(((lo[e % 64] >> (4 * (e / 64))) & 15) | (((hi[e % 64] >> (base + 2 * (e / 64))) & 3) << 4));
+}
+inline int scale_elt(int sb, int r) { return sb * 16 + r; }
+inline int min_elt(int sb, int r) { return (sb / 2) * 32 + r * 2 + sb % 2; }
+
+// One block of row r into / out of an interleaved block. In a row, sub-block sb's values 0..31 are
+// nibble sb % 2 of qs[32 * (sb / 2) .. + 31], so four values map to four bytes of a 32-bit word.
+inline void interleave_q4_K(const block_q4_K& x, int r, block_q4_K_x16& y) {
+    y.d[r] = x.d;
+    y.dmin[r] = x.dmin;
+    uint8_t sc[8], mn[8];
+    unpack_scale_min_k4(x.scales, sc, mn);
+    for (int sb = 0; sb < 8; sb++) {
+        put6(y.scales_lo, y.hi, scale_elt(sb, r), 0, sc[sb]);
+        put6(y.mins_lo, y.hi, min_elt(sb, r), 4, mn[sb]);
+        const uint8_t* q = x.qs + 32 * (sb / 2);
+        const int shift = 4 * (sb % 2);
+        for (int c = 0; c < 4; c++) {
+            uint32_t lo, hi;
+            memcpy(&lo, q + 4 * c, 4);
+            memcpy(&hi, q + 16 + 4 * c, 4);
+            const uint32_t w = ((lo >> shift) & 0x0F0F0F0F) | (((hi >> shift) & 0x0F0F0F0F) << 4);
+            memcpy(y.qs[sb][c] + 4 * r, &w, 4);
+        }
+    }
+}
+inline void deinterleave_q4_K(const block_q4_K_x16& y, int r, block_q4_K& x) {
+    x.d = y.d[r];
+    x.dmin = y.dmin[r];
+    memset(x.scales, 0, sizeof x.scales);
+    memset(x.qs, 0, sizeof x.qs);
+    for (int sb = 0; sb < 8; sb++) {
+        pack_scale_min_k4(sb, get6(y.scales_lo, y.hi, scale_elt(sb, r), 0), get6(y.mins_lo, y.hi, min_elt(sb, r), 4), x.scales);
+        uint8_t* q = x.qs + 32 * (sb / 2);
+        const int shift = 4 * (sb % 2);
+        for (int c = 0; c < 4; c++) {
+            uint32_t w, lo, hi;
+            memcpy(&w, y.qs[sb][c] + 4 * r, 4);
+            memcpy(&lo, q + 4 * c, 4);
+            memcpy(&hi, q + 16 + 4 * c, 4);
+            lo |= (w & 0x0F0F0F0F) << shift;
+            hi |= ((w >> 4) & 0x0F0F0F0F) << shift;
+            memcpy(q + 4 * c, &lo, 4);
+            memcpy(q + 16 + 4 * c, &hi, 4);
+        }
+    }
+}
+
+// Copies 16 rows of nb blocks between the row layout (src_rows / dst_rows) and an interleaved group.
+template <class X, class G, void (*Fn)(const X&, int, G&)>
+void interleave_group(const uint8_t* rows, size_t row_stride, int64_t nb, uint8_t* group) {
+    G* g = (G*)group;
+    memset(g, 0, sizeof(G) * nb);
+    for (int r = 0; r < kInterleaveRows; r++)
+        for (int64_t b = 0; b < nb; b++) Fn(((const X*)(rows + r * row_stride))[b], r, g[b]);
+}
+template <class X, class G, void (*Fn)(const G&, int, X&)>
+void deinterleave_group(const uint8_t* group, int64_t nb, uint8_t* rows, size_t row_stride) {
+    const G* g = (const G*)group;
+    for (int r = 0; r < kInterleaveRows; r++)
+        for (int64_t b = 0; b < nb; b++) Fn(g[b], r, ((X*)(rows + r * row_stride))[b]);
+}
+
+#ifdef LLM_X86
+// 16 interleaved Q4_K rows times NC q8_K columns: out[c * ld + r]. Per sub-block and column, eight
+// vpdpbusd give the 16 rows' integer dot products; these are scaled in int32 and summed over the
+// block, and the mins' term comes from the column's 16-value sums (bsums) in pairs of sub-blocks, so
+// each row gets ggml's integer block sums exactly and the same float steps per block (d_y * d_x,
+// then one fma); only the order in which blocks are summed differs from the row kernels.
+// (GCC 12 warns about the _mm512_undefined_* inside its 512-bit conversion intrinsics: a false alarm.)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+template <int NC>
+LLM_AVX512VNNI_FN void tile16_q4_K(int64_t k, const uint8_t* W, const uint8_t* A, size_t as, float* out, int64_t ld) {
+    const int64_t nb = k / QK_K;
+    const block_q4_K_x16* x = (const block_q4_K_x16*)W;
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m2 = _mm512_set1_epi8(3);
+    __m512 acc[NC], accm[NC];
+#pragma GCC unroll 8
+    for (int c = 0; c < NC; c++) acc[c] = accm[c] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const block_q4_K_x16& B = x[b];
+        alignas(64) uint8_t sc[128], mn[128];
+        {
+            const __m512i hi = _mm512_loadu_si512(B.hi), slo = _mm512_loadu_si512(B.scales_lo), mlo = _mm512_loadu_si512(B.mins_lo);
+#define LLM_TOP2(shift) _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(hi, shift), m2), 4)
+            _mm512_store_si512(sc, _mm512_or_si512(_mm512_and_si512(slo, m4), LLM_TOP2(0)));
+            _mm512_store_si512(sc + 64, _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(slo, 4), m4), LLM_TOP2(2)));
+            _mm512_store_si512(mn, _mm512_or_si512(_mm512_and_si512(mlo, m4), LLM_TOP2(4)));
+            _mm512_store_si512(mn + 64, _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(mlo, 4), m4), LLM_TOP2(6)));
+#undef LLM_TOP2
+        }
+        const block_q8_K* y[NC];
+        __m512i isum[NC];
+#pragma GCC unroll 8
+        for (int c = 0; c < NC; c++) y[c] = (const block_q8_K*)(A + c * as) + b, isum[c] = _mm512_setzero_si512();
+        for (int sb = 0; sb < 8; sb++) {
+            __m512i dot[NC];
+#pragma GCC unroll 8
+            for (int c = 0; c < NC; c++) dot[c] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+            for (int ch = 0; ch < 4; ch++) {
+                const __m512i q = _mm512_loadu_si512(B.qs[sb][ch]);
+                const __m512i lo = _mm512_and_si512(q, m4), hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
+#pragma GCC unroll 8
+                for (int c = 0; c < NC; c++) {
+                    const int8_t* yq = y[c]->qs + 32 * sb + 4 * ch;
+                    int32_t a0, a1;
+                    memcpy(&a0, yq, 4);
+                    memcpy(&a1, yq + 16, 4);
+                    dot[c] = _mm512_dpbusd_epi32(dot[c], lo, _mm512_set1_epi32(a0));
+                    dot[c] = _mm512_dpbusd_epi32(dot[c], hi, _mm512_set1_epi32(a1));
+                }
+            }
+            const __m512i scale = _mm512_cvtepu8_epi32(_mm_load_si128((const __m128i*)(sc + 16 * sb)));
+#pragma GCC unroll 8
+            for (int c = 0; c < NC; c++) isum[c] = _mm512_add_epi32(isum[c], _mm512_mullo_epi32(dot[c], scale));
+        }
+        const __m512 dx = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)B.d));
+        const __m512 mx = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)B.dmin));
+#pragma GCC unroll 8
+        for (int c = 0; c < NC; c++) {
+            // sums of 32 values per sub-block, two sub-blocks per 32-bit word
+            const __m256i bs = _mm256_loadu_si256((const __m256i*)y[c]->bsums);
+            alignas(16) int32_t pair[4];
+            _mm_store_si128((__m128i*)pair, _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1)));
+            __m512i msum = _mm512_setzero_si512();
+            for (int p = 0; p < 4; p++)
+                msum = _mm512_dpwssd_epi32(msum, _mm512_cvtepu8_epi16(_mm256_load_si256((const __m256i*)(mn + 32 * p))),
+                                           _mm512_set1_epi32(pair[p]));
+            const __m512 yd = _mm512_set1_ps(y[c]->d);
+            acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[c]), _mm512_mul_ps(dx, yd), acc[c]);
+            accm[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(msum), _mm512_mul_ps(mx, yd), accm[c]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int c = 0; c < NC; c++) _mm512_storeu_ps(out + c * ld, _mm512_sub_ps(acc[c], accm[c]));
+}
+#pragma GCC diagnostic pop
+#endif
+using Tile16Fn = void (*)(int64_t k, const uint8_t* W, const uint8_t* A, size_t as, float* out, int64_t ld);
+
+struct InterleavedType {
+    Type type;
+    size_t group_block_bytes;  // one block of 16 rows
+    void (*interleave)(const uint8_t*, size_t, int64_t, uint8_t*);
+    void (*deinterleave)(const uint8_t*, int64_t, uint8_t*, size_t);
+    Tile16Fn tile[4];  // NC = 1, 2, 4, 8 (AVX-512 VNNI)
+};
+inline const InterleavedType* interleaved_type(Type t) {
+    static const InterleavedType q4_K = {
+        Type::Q4_K, sizeof(block_q4_K_x16),
+        interleave_group<block_q4_K, block_q4_K_x16, interleave_q4_K>,
+        deinterleave_group<block_q4_K, block_q4_K_x16, deinterleave_q4_K>,
+#ifdef LLM_X86
+        {tile16_q4_K<1>, tile16_q4_K<2>, tile16_q4_K<4>, tile16_q4_K<8>},
+#else
+        {},
+#endif
+    };
+    return t == Type::Q4_K ? &q4_K : nullptr;
+}
+} // namespace qimpl
+
+bool interleave_supported(Type t, int64_t k, int64_t rows) {
+    const qimpl::InterleavedType* it = qimpl::interleaved_type(t);
+    return it && it->tile[0] && qimpl::cpu().vnni && isa_current() == Isa::AVX512 && rows % kInterleaveRows == 0 &&
+           k % type_info(t).block_size == 0;
+}
+
+static const qimpl::InterleavedType& interleaved_or_fail(Type t, int64_t k, int64_t rows) {
+    const qimpl::InterleavedType* it = qimpl::interleaved_type(t);
+    if (!it || rows % kInterleaveRows || k % type_info(t).block_size)
+        fail("cannot interleave %lld rows of %lld %s values", (long long)rows, (long long)k, type_info(t).name);
+    return *it;
+}
+
+void interleave_rows16(Type t, const uint8_t* src, uint8_t* dst, int64_t k, int64_t rows) {
+    const qimpl::InterleavedType& it = interleaved_or_fail(t, k, rows);
+    const size_t rb = row_bytes(t, k);
+    for (int64_t g = 0; g < rows; g += kInterleaveRows) it.interleave(src + g * rb, rb, k / type_info(t).block_size, dst + g * rb);
+}
+
+void deinterleave_rows16(Type t, const uint8_t* src, uint8_t* dst, int64_t k, int64_t rows) {
+    const qimpl::InterleavedType& it = interleaved_or_fail(t, k, rows);
+    const size_t rb = row_bytes(t, k);
+    for (int64_t g = 0; g < rows; g += kInterleaveRows) it.deinterleave(src + g * rb, k / type_info(t).block_size, dst + g * rb, rb);
+}
+
+void matmul_rows_interleaved(Type wt, const uint8_t* W, int64_t k, int64_t r0, int64_t r1, const uint8_t* act,
+                             size_t act_row_bytes, int64_t n_act, float* out, int64_t ld_out) {
+    const qimpl::InterleavedType& it = interleaved_or_fail(wt, k, r1 - r0);
+    const size_t rb = row_bytes(wt, k);
+    if (!interleave_supported(wt, k, r1 - r0)) {
+        // The ISA was lowered after the weights were repacked (tests): restore rows, then the row kernels.
+        thread_local std::vector<uint8_t> rows;
+        rows.resize(kInterleaveRows * rb);
+        for (int64_t g = r0; g < r1; g += kInterleaveRows) {
+            it.deinterleave(W + g * rb, k / type_info(wt).block_size, rows.data(), rb);
+            matmul_rows(wt, rows.data(), rb, k, 0, kInterleaveRows, act, act_row_bytes, n_act, out + g, ld_out);
+        }
+        return;
+    }
+    // Per row group, every column (the group's weights stay in L1/L2 across column tiles).
+    for (int64_t g = r0; g < r1; g += kInterleaveRows) {
+        int64_t j = 0;
+        for (int w = 3; w >= 0; w--) {
+            const int nc = qimpl::kTileWidths[w];
+            for (; j + nc <= n_act; j += nc) it.tile[w](k, W + g * rb, act + j * act_row_bytes, act_row_bytes, out + j * ld_out + g, ld_out);
+        }
+    }
+}
+
 // ---- attention's weighted sum of cache rows --------------------------------------------------
 
 namespace qimpl {
@@ -2760,17 +3024,6 @@ inline void pack_2bit(const uint8_t* L, uint8_t* qs) {
             qs[j / 4 + l] = (uint8_t)(L[j + l] | (L[j + l + 32] << 2) | (L[j + l + 64] << 4) | (L[j + l + 96] << 6));
 }
 
-// Q4_K/Q5_K 6-bit scale and min packing (the inverse of get_scale_min_k4).
-inline void pack_scale_min_k4(int j, uint8_t ls, uint8_t lm, uint8_t* s) {
-    if (j < 4) {
-        s[j] = ls;
-        s[j + 4] = lm;
-    } else {
-        s[j + 4] = (uint8_t)((ls & 0xF) | ((lm & 0xF) << 4));
-        s[j - 4] |= (uint8_t)((ls >> 4) << 6);
-        s[j - 0] |= (uint8_t)((lm >> 4) << 6);
-    }
-}
 
 inline void get_scale_min_k4(int j, const uint8_t* q, uint8_t& d, uint8_t& m) {
     if (j < 4) {
@@ -2887,7 +3140,7 @@ inline void quantize_block_q45_K(const float* x, Block& y, float rmin, int nstep
     for (int j = 0; j < QK_K / 32; ++j) {
         uint8_t ls = (uint8_t)nearest_int(inv_scale * scales[j]);  // narrowed to uint8 first, as in ggml
         uint8_t lm = (uint8_t)nearest_int(inv_min * mins[j]);
-        pack_scale_min_k4(j, std::min<uint8_t>(63, ls), std::min<uint8_t>(63, lm), y.scales);
+        qimpl::pack_scale_min_k4(j, std::min<uint8_t>(63, ls), std::min<uint8_t>(63, lm), y.scales);
     }
     y.d = fp32_to_fp16(max_scale / 63.f);
     y.dmin = fp32_to_fp16(max_min / 63.f);
@@ -6192,6 +6445,50 @@ static void bind_tensors(Model& m) {
     need_f32(m.rope_freqs);
 }
 
+// Repacks every matmul weight the interleaved kernels support into one buffer, on all cores, and
+// lets the kernel drop the mapped pages (clean file pages: reading them again would just re-fault),
+// so resident memory stays about one copy of the weights. Without mmap the file's bytes live in a
+// buffer that cannot be given back in part, so the caller skips this (two copies would be worse).
+static void interleave_weights(Model& m) {
+    std::vector<TensorInfo*> todo;  // experts' views, in place; dense weights, as copies
+    for (LayerWeights& L : m.layers) {
+        for (const TensorInfo** w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.wq_a, &L.wq_b, &L.wkv_a, &L.ffn_gate, &L.ffn_up,
+                                     &L.ffn_down, &L.gate_shexp, &L.up_shexp, &L.down_shexp}) {
+            if (!*w || !interleave_supported((*w)->type, (*w)->ne[0], (*w)->ne[1] * (*w)->ne[2] * (*w)->ne[3])) continue;
+            m.interleaved.push_back(std::make_unique<TensorInfo>(**w));
+            *w = m.interleaved.back().get();
+            todo.push_back(m.interleaved.back().get());
+        }
+        for (auto* experts : {&L.gate_exp, &L.up_exp, &L.down_exp})
+            for (TensorInfo& e : *experts)
+                if (interleave_supported(e.type, e.ne[0], e.ne[1])) todo.push_back(&e);
+    }
+    if (todo.empty()) return;
+    size_t total = 0;
+    for (const TensorInfo* t : todo) total += t->nbytes;
+    std::vector<uint8_t> buf(total + 63);
+    uint8_t* base = buf.data() + (-(uintptr_t)buf.data() & 63);  // groups on cache lines
+    std::vector<uint8_t*> dst(todo.size());
+    for (size_t i = 0, off = 0; i < todo.size(); off += todo[i]->nbytes, i++) dst[i] = base + off;
+    std::atomic<size_t> next{0};
+    auto work = [&] {
+        for (size_t i; (i = next++) < todo.size();) {
+            TensorInfo& t = *todo[i];
+            interleave_rows16(t.type, t.data, dst[i], t.ne[0], (int64_t)(t.nbytes / row_bytes(t.type, t.ne[0])));
+            // the whole pages inside this tensor's mapped bytes
+            const uintptr_t page = 4096, b = ((uintptr_t)t.data + page - 1) & ~(page - 1), e = ((uintptr_t)t.data + t.nbytes) & ~(page - 1);
+            if (e > b) madvise((void*)b, e - b, MADV_DONTNEED);
+            t.data = dst[i];
+            t.interleaved = true;
+        }
+    };
+    std::vector<std::thread> threads(std::max(1u, std::thread::hardware_concurrency()) - 1);
+    for (auto& th : threads) th = std::thread(work);
+    work();
+    for (auto& th : threads) th.join();
+    m.derived.push_back(std::move(buf));
+}
+
 std::unique_ptr<Model> Model::load(const std::string& path, const ModelOptions& opt) {
     auto m = std::make_unique<Model>();
     m->gguf = GGUF::open(path, opt.use_mmap);
@@ -6202,6 +6499,7 @@ std::unique_ptr<Model> Model::load(const std::string& path, const ModelOptions& 
     load_hparams(*m);
     if (opt.metadata_only) return m;
     bind_tensors(*m);
+    if (opt.interleave && opt.use_mmap) interleave_weights(*m);
     if (opt.mlock) {
         // Best effort: the mapping stays usable when the OS refuses to pin it.
         for (const auto& t : m->gguf->tensors) {
@@ -6377,8 +6675,12 @@ struct Context::Impl {
             for (int64_t t = b; t < e; t++) {
                 const MatMul& m = jobs[tasks[t].job];
                 const Conv& c = convs[conv_of[tasks[t].job]];
-                matmul_rows(m.w->type, m.w->data, row_bytes(m.w->type, c.k), c.k, tasks[t].r0, tasks[t].r1,
-                            act[conv_of[tasks[t].job]].data(), c.row, m.n, m.out, m.w->ne[1]);
+                const uint8_t* a = act[conv_of[tasks[t].job]].data();
+                if (m.w->interleaved)
+                    matmul_rows_interleaved(m.w->type, m.w->data, c.k, tasks[t].r0, tasks[t].r1, a, c.row, m.n, m.out, m.w->ne[1]);
+                else
+                    matmul_rows(m.w->type, m.w->data, row_bytes(m.w->type, c.k), c.k, tasks[t].r0, tasks[t].r1, a, c.row, m.n,
+                                m.out, m.w->ne[1]);
             }
         });
     }

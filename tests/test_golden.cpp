@@ -131,3 +131,42 @@ TEST_CASE("golden logits: every model and KV type, batch, chunks and token by to
         }
     }
 }
+
+TEST_CASE("golden: interleaved weights (load-time repacking) agree with the row kernels") {
+    const std::string dir = testutil::shared_dir() + "/golden/";
+    for (const char* name : {"tiny-llama-Q4_K-pure", "tiny-deepseek2-lite-Q4_K_M"}) {
+        CAPTURE(name);
+        const std::string path = dir + "models/" + name + ".gguf";
+        llm::ModelOptions rows_only;
+        rows_only.interleave = false;
+        auto packed = llm::Model::load(path), plain = llm::Model::load(path, rows_only);
+        auto count = [](const llm::Model& m) {
+            int n = 0;
+            for (const auto& L : m.layers) {
+                for (const llm::TensorInfo* t : {L.wq, L.wk, L.wv, L.wo, L.wq_a, L.wq_b, L.wkv_a, L.ffn_gate, L.ffn_up, L.ffn_down,
+                                                 L.gate_shexp, L.up_shexp, L.down_shexp})
+                    n += t && t->interleaved;
+                for (const auto* v : {&L.gate_exp, &L.up_exp, &L.down_exp})
+                    for (const llm::TensorInfo& e : *v) n += e.interleaved;
+            }
+            return n;
+        };
+        CHECK(count(*plain) == 0);
+        const llm::TensorInfo* probe = packed->layers.back().ffn_up ? packed->layers.back().ffn_up : &packed->layers.back().up_exp[0];
+        if (!llm::interleave_supported(llm::Type::Q4_K, 256, 16)) {
+            CHECK(count(*packed) == 0);
+            continue;
+        }
+        CHECK(probe->interleaved);
+        CHECK(count(*packed) > 0);
+        const std::vector<int32_t> toks = json_tokens(testutil::read_file(dir + "logits/" + std::string(name) + "-kvf16.json"));
+        for (int chunk : {64, 1}) {
+            CAPTURE(chunk);
+            Agreement a = compare(run_model(*plain, toks, llm::Type::F16, chunk), run_model(*packed, toks, llm::Type::F16, chunk),
+                                  packed->hp.n_vocab);
+            MESSAGE(std::string(name) << " chunk " << chunk << ": interleaved vs rows mean KL " << a.mean_kl << ", top-1 " << a.top1);
+            CHECK(a.mean_kl <= 5e-3);
+            CHECK(a.top1 >= 0.9);
+        }
+    }
+}

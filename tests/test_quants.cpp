@@ -373,6 +373,65 @@ TEST_CASE("quants: matmul_rows equals vec_dot for every tile shape") {
     }
 }
 
+TEST_CASE("quants: interleaved weights round-trip and multiply like their rows") {
+    IsaGuard guard;
+    std::mt19937 rng(9);
+    const int64_t k = 512, rows = 48, cols = 13, ld = rows + 3;
+    for (Type t : {Type::Q4_K}) {
+        CAPTURE(llm::type_info(t).name);
+        const Type at = llm::vec_dot_type(t);
+        const size_t wrow = llm::row_bytes(t, k), arow = llm::row_bytes(at, k);
+        std::vector<uint8_t> W, A;
+        std::vector<float> wf(rows * k), af;
+        for (int r = 0; r < rows; r++) {
+            std::vector<uint8_t> w = random_weights(rng, t, k);
+            llm::dequantize_row(t, w.data(), wf.data() + r * k, k);
+            W.insert(W.end(), w.begin(), w.end());
+        }
+        for (int c = 0; c < cols; c++) {
+            std::vector<float> a = random_floats(rng, k, 1.0f);
+            std::vector<uint8_t> q = quantized(at, a);
+            A.insert(A.end(), q.begin(), q.end());
+            af.insert(af.end(), a.begin(), a.end());
+        }
+        std::vector<uint8_t> packed(W.size()), back(W.size());
+        llm::interleave_rows16(t, W.data(), packed.data(), k, rows);
+        llm::deinterleave_rows16(t, packed.data(), back.data(), k, rows);
+        CHECK(packed != W);
+        CHECK(back == W);  // lossless
+        CHECK_THROWS_AS(llm::interleave_rows16(t, W.data(), packed.data(), k, rows - 8), llm::Error);
+
+        for (llm::Isa isa : supported_isas()) {
+            CAPTURE(llm::isa_name(isa));
+            llm::isa_set(isa);
+            const bool fast = llm::interleave_supported(t, k, rows);
+            if (isa != llm::Isa::AVX512) CHECK(!fast);
+            for (int64_t n_act : {(int64_t)1, (int64_t)3, (int64_t)cols}) {
+                CAPTURE(n_act);
+                std::vector<float> want(ld * cols, -1.0f), got(ld * cols, -1.0f);
+                llm::matmul_rows(t, W.data(), wrow, k, 16, rows, A.data(), arow, n_act, want.data(), ld);
+                llm::matmul_rows_interleaved(t, packed.data(), k, 16, rows, A.data(), arow, n_act, got.data(), ld);
+                for (int64_t j = 0; j < cols; j++) {
+                    for (int64_t i = 0; i < ld; i++) {
+                        if (!fast) {
+                            CHECK(got[j * ld + i] == want[j * ld + i]);  // the row kernels on restored rows
+                            continue;
+                        }
+                        if (j >= n_act || i < 16 || i >= rows) {
+                            CHECK(got[j * ld + i] == -1.0f);  // untouched
+                            continue;
+                        }
+                        // the same integer block sums, summed over blocks in another order
+                        double mag = 0;
+                        for (int64_t e = 0; e < k; e++) mag += std::fabs(wf[i * k + e] * af[j * k + e]);
+                        CHECK(std::fabs(got[j * ld + i] - want[j * ld + i]) <= 2e-5 * mag + 1e-6);
+                    }
+                }
+            }
+        }
+    }
+}
+
 TEST_CASE("quants: isa_set rejects what the CPU lacks") {
     IsaGuard guard;
     CHECK_NOTHROW(llm::isa_set(llm::Isa::Scalar));
