@@ -174,7 +174,7 @@ std::string isa_name(Isa isa);
 // the operand of vpdpbusd against four broadcast activation bytes, so a row group is multiplied by a
 // column without any horizontal sums. A group keeps exactly the bytes of its 16 rows (tensor sizes
 // and expert offsets do not change), and the repacking is lossless (deinterleave gives the file's
-// bytes back). Types: Q4_K.
+// bytes back). Types: Q4_K, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL.
 constexpr int kInterleaveRows = 16;
 bool interleave_supported(Type t, int64_t k, int64_t rows);  // this type and shape, on this CPU and ISA
 void interleave_rows16(Type t, const uint8_t* src, uint8_t* dst, int64_t k, int64_t rows);
@@ -756,7 +756,19 @@ struct block_q4_K_x16 {
     uint8_t scales_lo[64], mins_lo[64], hi[64];
     uint8_t qs[8][4][64];
 };
-static_assert(sizeof(block_q4_K_x16) == 16 * sizeof(block_q4_K), "an interleaved group keeps its rows' bytes");
+// 32-value types interleaved: the 16 rows' scales (and mins), then four-value groups g = 0..7 (values
+// 4g..4g+3) of the 16 rows as unsigned bytes: 4-bit types keep a row's nibble bytes as they are (low
+// nibble: group c, high: group c + 4 of qs[c]), Q5 types add the fifth bits of group g as a 64-bit
+// mask (bit 4 * row + j), Q8_0 stores value + 128.
+struct block_q4_0_x16 { uint16_t d[16]; uint8_t qs[4][64]; };              // also IQ4_NL (indices)
+struct block_q4_1_x16 { uint16_t d[16], m[16]; uint8_t qs[4][64]; };
+struct block_q5_0_x16 { uint16_t d[16]; uint64_t qh[8]; uint8_t qs[4][64]; };
+struct block_q5_1_x16 { uint16_t d[16], m[16]; uint64_t qh[8]; uint8_t qs[4][64]; };
+struct block_q8_0_x16 { uint16_t d[16]; uint8_t qs[8][64]; };
+static_assert(sizeof(block_q4_K_x16) == 16 * sizeof(block_q4_K) && sizeof(block_q4_0_x16) == 16 * sizeof(block_q4_0) &&
+              sizeof(block_q4_1_x16) == 16 * sizeof(block_q4_1) && sizeof(block_q5_0_x16) == 16 * sizeof(block_q5_0) &&
+              sizeof(block_q5_1_x16) == 16 * sizeof(block_q5_1) && sizeof(block_q8_0_x16) == 16 * sizeof(block_q8_0),
+              "an interleaved group keeps its rows' bytes");
 
 constexpr int8_t kIQ4NLValues[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 
@@ -2528,6 +2540,43 @@ inline void deinterleave_q4_K(const block_q4_K_x16& y, int r, block_q4_K& x) {
     }
 }
 
+// The 32-value types: 4-bit types copy a row's four nibble bytes of group c, c + 4 as they are.
+template <class G> constexpr bool kHasMin = std::is_same_v<G, block_q4_1_x16> || std::is_same_v<G, block_q5_1_x16>;
+template <class G> constexpr bool kHasHigh = std::is_same_v<G, block_q5_0_x16> || std::is_same_v<G, block_q5_1_x16>;
+template <class G> constexpr bool kHasBytes = std::is_same_v<G, block_q8_0_x16>;
+template <class X, class G>
+inline void interleave_b32(const X& x, int r, G& g) {
+    g.d[r] = x.d;
+    if constexpr (kHasMin<G>) g.m[r] = x.m;
+    if constexpr (kHasBytes<G>) {
+        for (int grp = 0; grp < 8; grp++)
+            for (int j = 0; j < 4; j++) g.qs[grp][4 * r + j] = (uint8_t)(x.qs[4 * grp + j] ^ 0x80);
+    } else {
+        for (int c = 0; c < 4; c++) memcpy(g.qs[c] + 4 * r, x.qs + 4 * c, 4);
+    }
+    if constexpr (kHasHigh<G>) {
+        uint32_t qh;
+        memcpy(&qh, x.qh, 4);
+        for (int grp = 0; grp < 8; grp++) g.qh[grp] |= (uint64_t)((qh >> (4 * grp)) & 0xF) << (4 * r);
+    }
+}
+template <class X, class G>
+inline void deinterleave_b32(const G& g, int r, X& x) {
+    x.d = g.d[r];
+    if constexpr (kHasMin<G>) x.m = g.m[r];
+    if constexpr (kHasBytes<G>) {
+        for (int grp = 0; grp < 8; grp++)
+            for (int j = 0; j < 4; j++) x.qs[4 * grp + j] = (int8_t)(g.qs[grp][4 * r + j] ^ 0x80);
+    } else {
+        for (int c = 0; c < 4; c++) memcpy(x.qs + 4 * c, g.qs[c] + 4 * r, 4);
+    }
+    if constexpr (kHasHigh<G>) {
+        uint32_t qh = 0;
+        for (int grp = 0; grp < 8; grp++) qh |= (uint32_t)((g.qh[grp] >> (4 * r)) & 0xF) << (4 * grp);
+        memcpy(x.qh, &qh, 4);
+    }
+}
+
 // Copies 16 rows of nb blocks between the row layout (src_rows / dst_rows) and an interleaved group.
 template <class X, class G, void (*Fn)(const X&, int, G&)>
 void interleave_group(const uint8_t* rows, size_t row_stride, int64_t nb, uint8_t* group) {
@@ -2552,8 +2601,10 @@ void deinterleave_group(const uint8_t* group, int64_t nb, uint8_t* rows, size_t 
 // (GCC 12 warns about the _mm512_undefined_* inside its 512-bit conversion intrinsics: a false alarm.)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 template <int NC>
-LLM_AVX512VNNI_FN void tile16_q4_K(int64_t k, const uint8_t* W, const uint8_t* A, size_t as, float* out, int64_t ld) {
+LLM_AVX512VNNI_FN void tile16_q4_K(int64_t k, const uint8_t* W, const uint8_t* A, size_t as, const float*, int64_t,
+                                   const int32_t*, float* out, int64_t ld) {
     const int64_t nb = k / QK_K;
     const block_q4_K_x16* x = (const block_q4_K_x16*)W;
     const __m512i m4 = _mm512_set1_epi8(0x0F), m2 = _mm512_set1_epi8(3);
@@ -2618,21 +2669,90 @@ LLM_AVX512VNNI_FN void tile16_q4_K(int64_t k, const uint8_t* W, const uint8_t* A
 #pragma GCC unroll 8
     for (int c = 0; c < NC; c++) _mm512_storeu_ps(out + c * ld, _mm512_sub_ps(acc[c], accm[c]));
 }
+
+// 16 interleaved rows of a 32-value type times NC q8_0 (q8_1 for Q4_1/Q5_1) columns. The weights are
+// unsigned bytes u = value + Offset (vpdpbusd's unsigned operand), so each block's dot product is
+// dot(u, y) - Offset * sum(y), exact in int32; S holds the columns' block scales as floats (q8_1: then
+// the s values), ysum their block sums. Per block: d_x * d_y, one fma, as ggml; affine types add
+// m_x * s_y to a second sum.
+template <class G, int Offset, bool Table, int NC>
+LLM_AVX512VNNI_FN void tile16_b32(int64_t k, const uint8_t* W, const uint8_t* A, size_t as, const float* S, int64_t ss,
+                                  const int32_t* ysum, float* out, int64_t ld) {
+    using Y = std::conditional_t<kHasMin<G>, block_q8_1, block_q8_0>;
+    const int64_t nb = k / 32;
+    const G* x = (const G*)W;
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    __m512i table = _mm512_setzero_si512();
+    if constexpr (Table) {
+        alignas(16) uint8_t t[16];
+        for (int i = 0; i < 16; i++) t[i] = (uint8_t)(kIQ4NLValues[i] + Offset);
+        table = _mm512_broadcast_i32x4(_mm_load_si128((const __m128i*)t));
+    }
+    __m512 acc[NC], accm[NC];
+#pragma GCC unroll 8
+    for (int c = 0; c < NC; c++) acc[c] = accm[c] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const G& B = x[b];
+        __m512i u[8];
+        if constexpr (kHasBytes<G>) {
+            for (int i = 0; i < 8; i++) u[i] = _mm512_loadu_si512(B.qs[i]);
+        } else {
+            for (int c = 0; c < 4; c++) {
+                const __m512i q = _mm512_loadu_si512(B.qs[c]);
+                u[c] = _mm512_and_si512(q, m4);
+                u[c + 4] = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
+            }
+        }
+        if constexpr (kHasHigh<G>)
+            for (int i = 0; i < 8; i++) u[i] = _mm512_mask_add_epi8(u[i], (__mmask64)B.qh[i], u[i], _mm512_set1_epi8(16));
+        if constexpr (Table)
+            for (int i = 0; i < 8; i++) u[i] = _mm512_shuffle_epi8(table, u[i]);
+        const __m512 dx = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)B.d));
+#pragma GCC unroll 8
+        for (int c = 0; c < NC; c++) {
+            const Y& y = ((const Y*)(A + c * as))[b];
+            __m512i dot = _mm512_setzero_si512();
+#pragma GCC unroll 8
+            for (int i = 0; i < 8; i++) {
+                int32_t a;
+                memcpy(&a, y.qs + 4 * i, 4);
+                dot = _mm512_dpbusd_epi32(dot, u[i], _mm512_set1_epi32(a));
+            }
+            if constexpr (Offset != 0) dot = _mm512_sub_epi32(dot, _mm512_set1_epi32(Offset * ysum[c * nb + b]));
+            acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(dx, _mm512_set1_ps(S[c * ss + b])), acc[c]);
+            if constexpr (kHasMin<G>)
+                accm[c] = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)B.m)), _mm512_set1_ps(S[c * ss + nb + b]),
+                                          accm[c]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int c = 0; c < NC; c++) _mm512_storeu_ps(out + c * ld, _mm512_add_ps(acc[c], accm[c]));
+}
 #pragma GCC diagnostic pop
 #endif
-using Tile16Fn = void (*)(int64_t k, const uint8_t* W, const uint8_t* A, size_t as, float* out, int64_t ld);
+// out[c * ld + r] for the 16 rows of the group at W and NC columns; S / ysum: see tile16_b32.
+using Tile16Fn = void (*)(int64_t k, const uint8_t* W, const uint8_t* A, size_t as, const float* S, int64_t ss,
+                          const int32_t* ysum, float* out, int64_t ld);
 
 struct InterleavedType {
-    Type type;
-    size_t group_block_bytes;  // one block of 16 rows
+    bool needs_sums;  // the kernel wants the columns' block sums (weights stored with an offset)
     void (*interleave)(const uint8_t*, size_t, int64_t, uint8_t*);
     void (*deinterleave)(const uint8_t*, int64_t, uint8_t*, size_t);
     Tile16Fn tile[4];  // NC = 1, 2, 4, 8 (AVX-512 VNNI)
 };
+template <class X, class G, int Offset, bool Table>
+InterleavedType interleaved_b32() {
+    return {Offset != 0, interleave_group<X, G, interleave_b32<X, G>>, deinterleave_group<X, G, deinterleave_b32<X, G>>,
+#ifdef LLM_X86
+            {tile16_b32<G, Offset, Table, 1>, tile16_b32<G, Offset, Table, 2>, tile16_b32<G, Offset, Table, 4>,
+             tile16_b32<G, Offset, Table, 8>}};
+#else
+            {}};
+#endif
+}
 inline const InterleavedType* interleaved_type(Type t) {
     static const InterleavedType q4_K = {
-        Type::Q4_K, sizeof(block_q4_K_x16),
-        interleave_group<block_q4_K, block_q4_K_x16, interleave_q4_K>,
+        false, interleave_group<block_q4_K, block_q4_K_x16, interleave_q4_K>,
         deinterleave_group<block_q4_K, block_q4_K_x16, deinterleave_q4_K>,
 #ifdef LLM_X86
         {tile16_q4_K<1>, tile16_q4_K<2>, tile16_q4_K<4>, tile16_q4_K<8>},
@@ -2640,7 +2760,22 @@ inline const InterleavedType* interleaved_type(Type t) {
         {},
 #endif
     };
-    return t == Type::Q4_K ? &q4_K : nullptr;
+    static const InterleavedType q4_0 = interleaved_b32<block_q4_0, block_q4_0_x16, 8, false>();
+    static const InterleavedType q4_1 = interleaved_b32<block_q4_1, block_q4_1_x16, 0, false>();
+    static const InterleavedType q5_0 = interleaved_b32<block_q5_0, block_q5_0_x16, 16, false>();
+    static const InterleavedType q5_1 = interleaved_b32<block_q5_1, block_q5_1_x16, 0, false>();
+    static const InterleavedType q8_0 = interleaved_b32<block_q8_0, block_q8_0_x16, 128, false>();
+    static const InterleavedType iq4_nl = interleaved_b32<block_iq4_nl, block_q4_0_x16, 128, true>();
+    switch (t) {
+    case Type::Q4_K: return &q4_K;
+    case Type::Q4_0: return &q4_0;
+    case Type::Q4_1: return &q4_1;
+    case Type::Q5_0: return &q5_0;
+    case Type::Q5_1: return &q5_1;
+    case Type::Q8_0: return &q8_0;
+    case Type::IQ4_NL: return &iq4_nl;
+    default: return nullptr;
+    }
 }
 } // namespace qimpl
 
@@ -2683,12 +2818,30 @@ void matmul_rows_interleaved(Type wt, const uint8_t* W, int64_t k, int64_t r0, i
         }
         return;
     }
+    // The columns' block scales as floats and, for offset weights, their block sums, once per call.
+    thread_local std::vector<float> scales;
+    thread_local std::vector<int32_t> sums;
+    const int64_t ss = act_scales(vec_dot_type(wt), act, act_row_bytes, n_act, k, scales);
+    if (it.needs_sums) {
+        const int64_t nb = k / QK8_0;
+        sums.resize(n_act * nb);
+        for (int64_t j = 0; j < n_act; j++) {
+            const block_q8_0* y = (const block_q8_0*)(act + j * act_row_bytes);
+            for (int64_t b = 0; b < nb; b++) {
+                int32_t sum = 0;
+                for (int i = 0; i < QK8_0; i++) sum += y[b].qs[i];
+                sums[j * nb + b] = sum;
+            }
+        }
+    }
     // Per row group, every column (the group's weights stay in L1/L2 across column tiles).
     for (int64_t g = r0; g < r1; g += kInterleaveRows) {
         int64_t j = 0;
         for (int w = 3; w >= 0; w--) {
             const int nc = qimpl::kTileWidths[w];
-            for (; j + nc <= n_act; j += nc) it.tile[w](k, W + g * rb, act + j * act_row_bytes, act_row_bytes, out + j * ld_out + g, ld_out);
+            for (; j + nc <= n_act; j += nc)
+                it.tile[w](k, W + g * rb, act + j * act_row_bytes, act_row_bytes, scales.data() + j * ss, ss,
+                           it.needs_sums ? sums.data() + j * (k / QK8_0) : nullptr, out + j * ld_out + g, ld_out);
         }
     }
 }

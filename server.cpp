@@ -48,7 +48,7 @@ struct Options {
     int n_predict = -1, n_ctx = 0, n_threads = 0, n_batch = 512, bench_reps = 5, n_parallel = 1, n_chunks = -1;
     llm::Type type_k = llm::Type::F16, type_v = llm::Type::F16;
     bool tokenize = false, add_special = false, parse_special = false, bench = false, plan = false;
-    bool use_mmap = true, mlock = false, verbose_prompt = false, moe_per_token = false;
+    bool use_mmap = true, mlock = false, repack = true, verbose_prompt = false, moe_per_token = false;
     llm::SamplerParams sampling;
     ServerOptions srv;
 };
@@ -89,6 +89,7 @@ void print_usage() {
         "  --temp T  --top-k N  --top-p P  --min-p P  --seed N\n"
         "  --repeat-penalty P  --repeat-last-n N  --presence-penalty P  --frequency-penalty P\n"
         "  --no-mmap  --mlock\n"
+        "  --no-repack              keep weights as in the file (default: interleave them for the AVX-512 VNNI kernels)\n"
         "  --moe-per-token          run MoE experts token by token instead of grouped by expert (benchmarks)\n"
         "\n"
         "HTTP server (the mode when none of the above is asked for; llama-server's API):\n"
@@ -185,6 +186,7 @@ Options parse_args(int argc, char** argv) {
         else if (a == "--frequency-penalty") o.sampling.frequency_penalty = next_float();
         else if (a == "--no-mmap") o.use_mmap = false;
         else if (a == "--mlock") o.mlock = true;
+        else if (a == "--no-repack" || a == "-nr") o.repack = false;
         else if (a == "--moe-per-token") o.moe_per_token = true;
         else if (a == "--verbose-prompt") o.verbose_prompt = true;
         // HTTP server mode
@@ -250,6 +252,15 @@ std::vector<int32_t> prompt_tokens(const Options& o, const llm::Model& m, bool a
     }
     std::string text = o.prompt_file.empty() ? o.prompt : read_file(o.prompt_file);
     return m.vocab.tokenize(text, add_special, parse_special);
+}
+
+// How the model files of a run are loaded (the main model, --kl-base, the server's).
+llm::ModelOptions model_options(const Options& o) {
+    llm::ModelOptions mo;
+    mo.use_mmap = o.use_mmap;
+    mo.mlock = o.mlock;
+    mo.interleave = o.repack;
+    return mo;
 }
 
 int run_tokenize(const Options& o) {
@@ -402,9 +413,7 @@ int run_bench(const Options& o, const llm::Model& m) {
 int run_perplexity(const Options& o, const llm::Model& m) {
     std::unique_ptr<llm::Model> base;
     if (!o.kl_base.empty()) {
-        llm::ModelOptions mo;
-        mo.use_mmap = o.use_mmap;
-        base = llm::Model::load(o.kl_base, mo);
+        base = llm::Model::load(o.kl_base, model_options(o));
     }
     llm::PerplexityParams p;
     p.n_ctx = o.n_ctx > 0 ? o.n_ctx : 512;
@@ -1808,11 +1817,8 @@ void LlmServer::choose_chat_template() {
 }
 
 void LlmServer::load() {
-    llm::ModelOptions mo;
-    mo.use_mmap = o_.use_mmap;
-    mo.mlock = o_.mlock;
     double t0 = llm::now_seconds();
-    model_ = llm::Model::load(o_.model, mo);
+    model_ = llm::Model::load(o_.model, model_options(o_));
     const llm::HParams& hp = model_->hp;
     log_msg('I', "loaded %s: %s, %d layers, n_embd %d, vocab %d, %.1fM params, weights %.2f MiB, %.0f ms", o_.model.c_str(),
             model_->arch_str.c_str(), hp.n_layer, hp.n_embd, hp.n_vocab, model_->n_params() / 1e6, mib(model_->weight_bytes()),
@@ -1940,11 +1946,8 @@ int main(int argc, char** argv) {
         if (o.tokenize) return run_tokenize(o);
         if (o.plan) return run_plan(o);
         if (wants_server(o)) return run_server(o);
-        llm::ModelOptions mo;
-        mo.use_mmap = o.use_mmap;
-        mo.mlock = o.mlock;
         double t0 = llm::now_seconds();
-        auto model = llm::Model::load(o.model, mo);
+        auto model = llm::Model::load(o.model, model_options(o));
         fprintf(stderr, "loaded %s: %s, %d layers, n_embd %d, %d heads (%d kv), vocab %d, %.1fM params, "
                         "weights %.2f MiB, %.0f ms\n",
                 o.model.c_str(), model->arch_str.c_str(), model->hp.n_layer, model->hp.n_embd, model->hp.n_head,
