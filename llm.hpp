@@ -447,6 +447,8 @@ public:
     std::vector<LayerWeights> layers;
     std::vector<std::vector<uint8_t>> derived;  // tensors made at load (legacy MLA k_b, transposed)
     std::vector<std::unique_ptr<TensorInfo>> interleaved;  // repacked dense weights (the layers point here)
+    std::unique_ptr<uint8_t[]> interleaved_data;            // all repacked weights' bytes
+    size_t interleaved_bytes = 0;
     size_t weight_bytes() const;  // bytes of all tensors
     size_t n_params() const;
 };
@@ -6602,7 +6604,8 @@ static void bind_tensors(Model& m) {
 // lets the kernel drop the mapped pages (clean file pages: reading them again would just re-fault),
 // so resident memory stays about one copy of the weights. Without mmap the file's bytes live in a
 // buffer that cannot be given back in part, so the caller skips this (two copies would be worse).
-static void interleave_weights(Model& m) {
+// Returns the mapped addresses it replaced (tensors' first bytes), which --mlock must not pin.
+static std::vector<const uint8_t*> interleave_weights(Model& m) {
     std::vector<TensorInfo*> todo;  // experts' views, in place; dense weights, as copies
     for (LayerWeights& L : m.layers) {
         for (const TensorInfo** w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.wq_a, &L.wq_b, &L.wkv_a, &L.ffn_gate, &L.ffn_up,
@@ -6616,11 +6619,13 @@ static void interleave_weights(Model& m) {
             for (TensorInfo& e : *experts)
                 if (interleave_supported(e.type, e.ne[0], e.ne[1])) todo.push_back(&e);
     }
-    if (todo.empty()) return;
+    std::vector<const uint8_t*> replaced;
+    for (const TensorInfo* t : todo) replaced.push_back(t->data);
+    if (todo.empty()) return replaced;
     size_t total = 0;
     for (const TensorInfo* t : todo) total += t->nbytes;
-    std::vector<uint8_t> buf(total + 63);
-    uint8_t* base = buf.data() + (-(uintptr_t)buf.data() & 63);  // groups on cache lines
+    m.interleaved_data.reset(new uint8_t[total + 63]);  // not zeroed: the first write is the repacking's
+    uint8_t* base = m.interleaved_data.get() + (-(uintptr_t)m.interleaved_data.get() & 63);  // groups on cache lines
     std::vector<uint8_t*> dst(todo.size());
     for (size_t i = 0, off = 0; i < todo.size(); off += todo[i]->nbytes, i++) dst[i] = base + off;
     std::atomic<size_t> next{0};
@@ -6635,11 +6640,12 @@ static void interleave_weights(Model& m) {
             t.interleaved = true;
         }
     };
-    std::vector<std::thread> threads(std::max(1u, std::thread::hardware_concurrency()) - 1);
+    std::vector<std::thread> threads(std::min(16u, std::max(1u, std::thread::hardware_concurrency())) - 1);
     for (auto& th : threads) th = std::thread(work);
     work();
     for (auto& th : threads) th.join();
-    m.derived.push_back(std::move(buf));
+    m.interleaved_bytes = total;
+    return replaced;
 }
 
 std::unique_ptr<Model> Model::load(const std::string& path, const ModelOptions& opt) {
@@ -6652,11 +6658,18 @@ std::unique_ptr<Model> Model::load(const std::string& path, const ModelOptions& 
     load_hparams(*m);
     if (opt.metadata_only) return m;
     bind_tensors(*m);
-    if (opt.interleave && opt.use_mmap) interleave_weights(*m);
+    std::vector<const uint8_t*> replaced;
+    if (opt.interleave && opt.use_mmap) replaced = interleave_weights(*m);
     if (opt.mlock) {
-        // Best effort: the mapping stays usable when the OS refuses to pin it.
-        for (const auto& t : m->gguf->tensors) {
-            if (mlock(t.data, t.nbytes) != 0) {
+        // Best effort: the mapping stays usable when the OS refuses to pin it. Mapped bytes that were
+        // repacked are not pinned (that would read them back in); their copy is.
+        std::sort(replaced.begin(), replaced.end());
+        std::vector<std::pair<const void*, size_t>> ranges;
+        if (m->interleaved_bytes) ranges.emplace_back(m->interleaved_data.get(), m->interleaved_bytes + 63);
+        for (const auto& t : m->gguf->tensors)
+            if (!std::binary_search(replaced.begin(), replaced.end(), t.data)) ranges.emplace_back(t.data, t.nbytes);
+        for (const auto& [data, size] : ranges) {
+            if (mlock(data, size) != 0) {
                 fprintf(stderr, "warning: mlock failed (%s); continuing without\n", strerror(errno));
                 break;
             }
