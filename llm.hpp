@@ -174,7 +174,7 @@ std::string isa_name(Isa isa);
 // the operand of vpdpbusd against four broadcast activation bytes, so a row group is multiplied by a
 // column without any horizontal sums. A group keeps exactly the bytes of its 16 rows (tensor sizes
 // and expert offsets do not change), and the repacking is lossless (deinterleave gives the file's
-// bytes back). Types: Q4_K, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL.
+// bytes back). Types: Q4_K, Q5_K, Q6_K, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL.
 constexpr int kInterleaveRows = 16;
 bool interleave_supported(Type t, int64_t k, int64_t rows);  // this type and shape, on this CPU and ISA
 void interleave_rows16(Type t, const uint8_t* src, uint8_t* dst, int64_t k, int64_t rows);
@@ -758,6 +758,23 @@ struct block_q4_K_x16 {
     uint8_t scales_lo[64], mins_lo[64], hi[64];
     uint8_t qs[8][4][64];
 };
+// Q5_K: the same, and the fifth bits of sub-block sb's values 4i..4i+3 as a mask qh[sb][i] (bit
+// 4 * row + j).
+struct block_q5_K_x16 {
+    uint16_t d[16], dmin[16];
+    uint8_t scales_lo[64], mins_lo[64], hi[64];
+    uint8_t qs[8][4][64];
+    uint64_t qh[8][8];
+};
+// Q6_K: scales of the 16-value sub-blocks in pairs (scales[p][row][h] = sub-block 2p + h); four-value
+// groups g = 0..63 (values 4g..4g+3) of the 16 rows: low four bits in ql[g % 32] (nibble g / 32),
+// top two bits in qh[g % 16] (bits 2 * (g / 16) and up).
+struct block_q6_K_x16 {
+    uint16_t d[16];
+    int8_t scales[8][16][2];
+    uint8_t ql[32][64], qh[16][64];
+};
+
 // 32-value types interleaved: the 16 rows' scales (and mins), then four-value groups g = 0..7 (values
 // 4g..4g+3) of the 16 rows as unsigned bytes: 4-bit types keep a row's nibble bytes as they are (low
 // nibble: group c, high: group c + 4 of qs[c]), Q5 types add the fifth bits of group g as a 64-bit
@@ -767,7 +784,9 @@ struct block_q4_1_x16 { uint16_t d[16], m[16]; uint8_t qs[4][64]; };
 struct block_q5_0_x16 { uint16_t d[16]; uint64_t qh[8]; uint8_t qs[4][64]; };
 struct block_q5_1_x16 { uint16_t d[16], m[16]; uint64_t qh[8]; uint8_t qs[4][64]; };
 struct block_q8_0_x16 { uint16_t d[16]; uint8_t qs[8][64]; };
-static_assert(sizeof(block_q4_K_x16) == 16 * sizeof(block_q4_K) && sizeof(block_q4_0_x16) == 16 * sizeof(block_q4_0) &&
+static_assert(sizeof(block_q4_K_x16) == 16 * sizeof(block_q4_K) && sizeof(block_q5_K_x16) == 16 * sizeof(block_q5_K) &&
+              sizeof(block_q6_K_x16) == 16 * sizeof(block_q6_K) &&
+              sizeof(block_q4_0_x16) == 16 * sizeof(block_q4_0) &&
               sizeof(block_q4_1_x16) == 16 * sizeof(block_q4_1) && sizeof(block_q5_0_x16) == 16 * sizeof(block_q5_0) &&
               sizeof(block_q5_1_x16) == 16 * sizeof(block_q5_1) && sizeof(block_q8_0_x16) == 16 * sizeof(block_q8_0),
               "an interleaved group keeps its rows' bytes");
@@ -2499,9 +2518,15 @@ inline uint8_t get6(const uint8_t* lo, const uint8_t* hi, int e, int base) {
 inline int scale_elt(int sb, int r) { return sb * 16 + r; }
 inline int min_elt(int sb, int r) { return (sb / 2) * 32 + r * 2 + sb % 2; }
 
+template <class G> constexpr bool kHasMin = std::is_same_v<G, block_q4_1_x16> || std::is_same_v<G, block_q5_1_x16>;
+template <class G>
+constexpr bool kHasHigh = std::is_same_v<G, block_q5_0_x16> || std::is_same_v<G, block_q5_1_x16> || std::is_same_v<G, block_q5_K_x16>;
+template <class G> constexpr bool kHasBytes = std::is_same_v<G, block_q8_0_x16>;
+
 // One block of row r into / out of an interleaved block. In a row, sub-block sb's values 0..31 are
 // nibble sb % 2 of qs[32 * (sb / 2) .. + 31], so four values map to four bytes of a 32-bit word.
-inline void interleave_q4_K(const block_q4_K& x, int r, block_q4_K_x16& y) {
+template <class X, class G>
+inline void interleave_q45_K(const X& x, int r, G& y) {
     y.d[r] = x.d;
     y.dmin[r] = x.dmin;
     uint8_t sc[8], mn[8];
@@ -2518,13 +2543,18 @@ inline void interleave_q4_K(const block_q4_K& x, int r, block_q4_K_x16& y) {
             const uint32_t w = ((lo >> shift) & 0x0F0F0F0F) | (((hi >> shift) & 0x0F0F0F0F) << 4);
             memcpy(y.qs[sb][c] + 4 * r, &w, 4);
         }
+        if constexpr (kHasHigh<G>)  // a row's fifth bits: bit sb of qh[l] for value l of sub-block sb
+            for (int i = 0; i < 8; i++)
+                for (int j = 0; j < 4; j++) y.qh[sb][i] |= (uint64_t)((x.qh[4 * i + j] >> sb) & 1) << (4 * r + j);
     }
 }
-inline void deinterleave_q4_K(const block_q4_K_x16& y, int r, block_q4_K& x) {
+template <class X, class G>
+inline void deinterleave_q45_K(const G& y, int r, X& x) {
     x.d = y.d[r];
     x.dmin = y.dmin[r];
     memset(x.scales, 0, sizeof x.scales);
     memset(x.qs, 0, sizeof x.qs);
+    if constexpr (kHasHigh<G>) memset(x.qh, 0, sizeof x.qh);
     for (int sb = 0; sb < 8; sb++) {
         pack_scale_min_k4(sb, get6(y.scales_lo, y.hi, scale_elt(sb, r), 0), get6(y.mins_lo, y.hi, min_elt(sb, r), 4), x.scales);
         uint8_t* q = x.qs + 32 * (sb / 2);
@@ -2539,13 +2569,57 @@ inline void deinterleave_q4_K(const block_q4_K_x16& y, int r, block_q4_K& x) {
             memcpy(q + 4 * c, &lo, 4);
             memcpy(q + 16 + 4 * c, &hi, 4);
         }
+        if constexpr (kHasHigh<G>)
+            for (int i = 0; i < 8; i++)
+                for (int j = 0; j < 4; j++) x.qh[4 * i + j] |= (uint8_t)(((y.qh[sb][i] >> (4 * r + j)) & 1) << sb);
+    }
+}
+
+// Q6_K: in a row, values 128n + 32k + l (l = 0..31) have their low bits in nibble k / 2 of
+// ql[64n + 32(k % 2) + l] and their top bits at bit 2k of qh[32n + l]; four values of a group share
+// the shifts, so they move as 32-bit words.
+inline void q6_K_group_words(int g, int& ql_at, int& ql_shift, int& qh_at, int& qh_shift) {
+    const int n = g / 32, k = (g % 32) / 8, l = 4 * (g % 8);
+    ql_at = 64 * n + 32 * (k % 2) + l, ql_shift = 4 * (k / 2), qh_at = 32 * n + l, qh_shift = 2 * k;
+}
+inline void interleave_q6_K(const block_q6_K& x, int r, block_q6_K_x16& y) {
+    y.d[r] = x.d;
+    for (int sb = 0; sb < 16; sb++) y.scales[sb / 2][r][sb % 2] = x.scales[sb];
+    for (int g = 0; g < 64; g++) {
+        int ql_at, ql_shift, qh_at, qh_shift;
+        q6_K_group_words(g, ql_at, ql_shift, qh_at, qh_shift);
+        uint32_t lo, hi, a, b;
+        memcpy(&lo, x.ql + ql_at, 4);
+        memcpy(&hi, x.qh + qh_at, 4);
+        memcpy(&a, y.ql[g % 32] + 4 * r, 4);
+        memcpy(&b, y.qh[g % 16] + 4 * r, 4);
+        a |= ((lo >> ql_shift) & 0x0F0F0F0F) << (4 * (g / 32));
+        b |= ((hi >> qh_shift) & 0x03030303) << (2 * (g / 16));
+        memcpy(y.ql[g % 32] + 4 * r, &a, 4);
+        memcpy(y.qh[g % 16] + 4 * r, &b, 4);
+    }
+}
+inline void deinterleave_q6_K(const block_q6_K_x16& y, int r, block_q6_K& x) {
+    x.d = y.d[r];
+    for (int sb = 0; sb < 16; sb++) x.scales[sb] = y.scales[sb / 2][r][sb % 2];
+    memset(x.ql, 0, sizeof x.ql);
+    memset(x.qh, 0, sizeof x.qh);
+    for (int g = 0; g < 64; g++) {
+        int ql_at, ql_shift, qh_at, qh_shift;
+        q6_K_group_words(g, ql_at, ql_shift, qh_at, qh_shift);
+        uint32_t lo, hi, a, b;
+        memcpy(&a, y.ql[g % 32] + 4 * r, 4);
+        memcpy(&b, y.qh[g % 16] + 4 * r, 4);
+        memcpy(&lo, x.ql + ql_at, 4);
+        memcpy(&hi, x.qh + qh_at, 4);
+        lo |= ((a >> (4 * (g / 32))) & 0x0F0F0F0F) << ql_shift;
+        hi |= ((b >> (2 * (g / 16))) & 0x03030303) << qh_shift;
+        memcpy(x.ql + ql_at, &lo, 4);
+        memcpy(x.qh + qh_at, &hi, 4);
     }
 }
 
 // The 32-value types: 4-bit types copy a row's four nibble bytes of group c, c + 4 as they are.
-template <class G> constexpr bool kHasMin = std::is_same_v<G, block_q4_1_x16> || std::is_same_v<G, block_q5_1_x16>;
-template <class G> constexpr bool kHasHigh = std::is_same_v<G, block_q5_0_x16> || std::is_same_v<G, block_q5_1_x16>;
-template <class G> constexpr bool kHasBytes = std::is_same_v<G, block_q8_0_x16>;
 template <class X, class G>
 inline void interleave_b32(const X& x, int r, G& g) {
     g.d[r] = x.d;
@@ -2595,7 +2669,7 @@ void deinterleave_group(const uint8_t* group, int64_t nb, uint8_t* rows, size_t 
 }
 
 #ifdef LLM_X86
-// 16 interleaved Q4_K rows times NC q8_K columns: out[c * ld + r]. Per sub-block and column, eight
+// 16 interleaved Q4_K (Q5_K) rows times NC q8_K columns: out[c * ld + r]. Per sub-block and column, eight
 // vpdpbusd give the 16 rows' integer dot products; these are scaled in int32 and summed over the
 // block, and the mins' term comes from the column's 16-value sums (bsums) in pairs of sub-blocks, so
 // each row gets ggml's integer block sums exactly and the same float steps per block (d_y * d_x,
@@ -2604,17 +2678,17 @@ void deinterleave_group(const uint8_t* group, int64_t nb, uint8_t* rows, size_t 
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
-template <int NC>
-LLM_AVX512VNNI_FN void tile16_q4_K(int64_t k, const uint8_t* W, const uint8_t* A, size_t as, const float*, int64_t,
-                                   const int32_t*, float* out, int64_t ld) {
+template <class G, int NC>
+LLM_AVX512VNNI_FN void tile16_q45_K(int64_t k, const uint8_t* W, const uint8_t* A, size_t as, const float*, int64_t,
+                                    const int32_t*, float* out, int64_t ld) {
     const int64_t nb = k / QK_K;
-    const block_q4_K_x16* x = (const block_q4_K_x16*)W;
+    const G* x = (const G*)W;
     const __m512i m4 = _mm512_set1_epi8(0x0F), m2 = _mm512_set1_epi8(3);
     __m512 acc[NC], accm[NC];
 #pragma GCC unroll 8
     for (int c = 0; c < NC; c++) acc[c] = accm[c] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
-        const block_q4_K_x16& B = x[b];
+        const G& B = x[b];
         alignas(64) uint8_t sc[128], mn[128];
         {
             const __m512i hi = _mm512_loadu_si512(B.hi), slo = _mm512_loadu_si512(B.scales_lo), mlo = _mm512_loadu_si512(B.mins_lo);
@@ -2636,7 +2710,11 @@ LLM_AVX512VNNI_FN void tile16_q4_K(int64_t k, const uint8_t* W, const uint8_t* A
 #pragma GCC unroll 4
             for (int ch = 0; ch < 4; ch++) {
                 const __m512i q = _mm512_loadu_si512(B.qs[sb][ch]);
-                const __m512i lo = _mm512_and_si512(q, m4), hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
+                __m512i lo = _mm512_and_si512(q, m4), hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
+                if constexpr (kHasHigh<G>) {
+                    lo = _mm512_mask_add_epi8(lo, (__mmask64)B.qh[sb][ch], lo, _mm512_set1_epi8(16));
+                    hi = _mm512_mask_add_epi8(hi, (__mmask64)B.qh[sb][ch + 4], hi, _mm512_set1_epi8(16));
+                }
 #pragma GCC unroll 8
                 for (int c = 0; c < NC; c++) {
                     const int8_t* yq = y[c]->qs + 32 * sb + 4 * ch;
@@ -2670,6 +2748,68 @@ LLM_AVX512VNNI_FN void tile16_q4_K(int64_t k, const uint8_t* W, const uint8_t* A
     }
 #pragma GCC unroll 8
     for (int c = 0; c < NC; c++) _mm512_storeu_ps(out + c * ld, _mm512_sub_ps(acc[c], accm[c]));
+}
+
+// 16 interleaved Q6_K rows times NC q8_K columns. The quants are stored value + 32 (0..63), so per
+// 16-value sub-block the exact dot product is dot(u, y) scaled in int32, and 32 * sum(scale * bsum)
+// comes off the block's sum once (the activation's bsums are its 16-value sums); then d_x * d_y and
+// one fma per block, as ggml.
+template <int NC>
+LLM_AVX512VNNI_FN void tile16_q6_K(int64_t k, const uint8_t* W, const uint8_t* A, size_t as, const float*, int64_t,
+                                   const int32_t*, float* out, int64_t ld) {
+    const int64_t nb = k / QK_K;
+    const block_q6_K_x16* x = (const block_q6_K_x16*)W;
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m3 = _mm512_set1_epi8(0x30);
+    __m512 acc[NC];
+#pragma GCC unroll 8
+    for (int c = 0; c < NC; c++) acc[c] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const block_q6_K_x16& B = x[b];
+        const block_q8_K* y[NC];
+        __m512i isum[NC];
+#pragma GCC unroll 8
+        for (int c = 0; c < NC; c++) y[c] = (const block_q8_K*)(A + c * as) + b, isum[c] = _mm512_setzero_si512();
+        __m512i sc16[8];  // int16 scale pairs per row
+        for (int p = 0; p < 8; p++) sc16[p] = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i*)B.scales[p]));
+        for (int sb = 0; sb < 16; sb++) {
+            __m512i u[4];
+#pragma GCC unroll 4
+            for (int j = 0; j < 4; j++) {
+                const int g = 4 * sb + j;
+                const __m512i lo = _mm512_srli_epi16(_mm512_loadu_si512(B.ql[g % 32]), 4 * (g / 32));
+                const __m512i hi = _mm512_loadu_si512(B.qh[g % 16]);
+                const int up = 4 - 2 * (g / 16);  // bring the group's two bits to bits 4-5
+                const __m512i top = up >= 0 ? _mm512_slli_epi16(hi, up) : _mm512_srli_epi16(hi, -up);
+                u[j] = _mm512_or_si512(_mm512_and_si512(lo, m4), _mm512_and_si512(top, m3));
+            }
+            const __m512i scale = sb % 2 ? _mm512_srai_epi32(sc16[sb / 2], 16) : _mm512_srai_epi32(_mm512_slli_epi32(sc16[sb / 2], 16), 16);
+#pragma GCC unroll 8
+            for (int c = 0; c < NC; c++) {
+                __m512i dot = _mm512_setzero_si512();
+#pragma GCC unroll 4
+                for (int j = 0; j < 4; j++) {
+                    int32_t a;
+                    memcpy(&a, y[c]->qs + 16 * sb + 4 * j, 4);
+                    dot = _mm512_dpbusd_epi32(dot, u[j], _mm512_set1_epi32(a));
+                }
+                isum[c] = _mm512_add_epi32(isum[c], _mm512_mullo_epi32(dot, scale));
+            }
+        }
+        const __m512 dx = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)B.d));
+#pragma GCC unroll 8
+        for (int c = 0; c < NC; c++) {
+            __m512i off = _mm512_setzero_si512();
+            for (int p = 0; p < 8; p++) {
+                int32_t pair;  // bsums of sub-blocks 2p and 2p + 1
+                memcpy(&pair, y[c]->bsums + 2 * p, 4);
+                off = _mm512_dpwssd_epi32(off, sc16[p], _mm512_set1_epi32(pair));
+            }
+            const __m512i sumi = _mm512_sub_epi32(isum[c], _mm512_slli_epi32(off, 5));
+            acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sumi), _mm512_mul_ps(dx, _mm512_set1_ps(y[c]->d)), acc[c]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int c = 0; c < NC; c++) _mm512_storeu_ps(out + c * ld, acc[c]);
 }
 
 // 16 interleaved rows of a 32-value type times NC q8_0 (q8_1 for Q4_1/Q5_1) columns. The weights are
@@ -2752,12 +2892,23 @@ InterleavedType interleaved_b32() {
             {}};
 #endif
 }
-inline const InterleavedType* interleaved_type(Type t) {
-    static const InterleavedType q4_K = {
-        false, interleave_group<block_q4_K, block_q4_K_x16, interleave_q4_K>,
-        deinterleave_group<block_q4_K, block_q4_K_x16, deinterleave_q4_K>,
+template <class X, class G>
+InterleavedType interleaved_q45_K() {
+    return {false, interleave_group<X, G, interleave_q45_K<X, G>>, deinterleave_group<X, G, deinterleave_q45_K<X, G>>,
 #ifdef LLM_X86
-        {tile16_q4_K<1>, tile16_q4_K<2>, tile16_q4_K<4>, tile16_q4_K<8>},
+            {tile16_q45_K<G, 1>, tile16_q45_K<G, 2>, tile16_q45_K<G, 4>, tile16_q45_K<G, 8>}};
+#else
+            {}};
+#endif
+}
+inline const InterleavedType* interleaved_type(Type t) {
+    static const InterleavedType q4_K = interleaved_q45_K<block_q4_K, block_q4_K_x16>();
+    static const InterleavedType q5_K = interleaved_q45_K<block_q5_K, block_q5_K_x16>();
+    static const InterleavedType q6_K = {
+        false, interleave_group<block_q6_K, block_q6_K_x16, interleave_q6_K>,
+        deinterleave_group<block_q6_K, block_q6_K_x16, deinterleave_q6_K>,
+#ifdef LLM_X86
+        {tile16_q6_K<1>, tile16_q6_K<2>, tile16_q6_K<4>, tile16_q6_K<8>},
 #else
         {},
 #endif
@@ -2770,6 +2921,8 @@ inline const InterleavedType* interleaved_type(Type t) {
     static const InterleavedType iq4_nl = interleaved_b32<block_iq4_nl, block_q4_0_x16, 128, true>();
     switch (t) {
     case Type::Q4_K: return &q4_K;
+    case Type::Q5_K: return &q5_K;
+    case Type::Q6_K: return &q6_K;
     case Type::Q4_0: return &q4_0;
     case Type::Q4_1: return &q4_1;
     case Type::Q5_0: return &q5_0;
