@@ -179,6 +179,8 @@ constexpr int kInterleaveRows = 16;
 bool interleave_supported(Type t, int64_t k, int64_t rows);  // this type and shape, on this CPU and ISA
 void interleave_rows16(Type t, const uint8_t* src, uint8_t* dst, int64_t k, int64_t rows);
 void deinterleave_rows16(Type t, const uint8_t* src, uint8_t* dst, int64_t k, int64_t rows);
+// dequantize_row of row `row` of interleaved weights (a tied token embedding's lookups).
+void dequantize_interleaved_row(Type t, const uint8_t* W, int64_t k, int64_t row, float* dst);
 // matmul_rows for interleaved weights; r0 and r1 are multiples of 16.
 void matmul_rows_interleaved(Type wt, const uint8_t* W, int64_t k, int64_t r0, int64_t r1, const uint8_t* act,
                              size_t act_row_bytes, int64_t n_act, float* out, int64_t ld_out);
@@ -2188,6 +2190,13 @@ struct K_bf16 : K_float<uint16_t, dot_half<bf16_to_fp32>, 2, K_bf16> {
 // The tile: one weight row against NC activation columns; each weight block is unpacked once, the
 // activation blocks come from L1 after the first row of a row group.
 constexpr int kPrefetchBytes = 2048;
+// Prefetches the cache lines of `bytes` bytes, kPrefetchBytes ahead of p (the interleaved kernels'
+// weight stream: a group's blocks are consecutive, and the next group follows).
+template <size_t Bytes>
+LLM_AVX2_INLINE void prefetch_ahead(const void* p) {
+#pragma GCC unroll 64
+    for (size_t o = 0; o < Bytes; o += 64) _mm_prefetch((const char*)p + kPrefetchBytes + o, _MM_HINT_T0);
+}
 template <class K, class Ops, int NC>
 LLM_AVX2_INLINE void tile(int64_t n, const uint8_t* W, const uint8_t* A, size_t as, const float* S, int64_t ss, float* out,
                           int64_t ld) {
@@ -2704,6 +2713,7 @@ LLM_AVX512VNNI_FN void tile16_q45_K(int64_t k, const uint8_t* W, const uint8_t* 
 #pragma GCC unroll 8
         for (int c = 0; c < NC; c++) y[c] = (const block_q8_K*)(A + c * as) + b, isum[c] = _mm512_setzero_si512();
         for (int sb = 0; sb < 8; sb++) {
+            prefetch_ahead<sizeof(G) / 8>((const char*)&B + sb * (sizeof(G) / 8));
             __m512i dot[NC];
 #pragma GCC unroll 8
             for (int c = 0; c < NC; c++) dot[c] = _mm512_setzero_si512();
@@ -2772,6 +2782,7 @@ LLM_AVX512VNNI_FN void tile16_q6_K(int64_t k, const uint8_t* W, const uint8_t* A
         __m512i sc16[8];  // int16 scale pairs per row
         for (int p = 0; p < 8; p++) sc16[p] = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i*)B.scales[p]));
         for (int sb = 0; sb < 16; sb++) {
+            prefetch_ahead<sizeof(B) / 16>((const char*)&B + sb * (sizeof(B) / 16));
             __m512i u[4];
 #pragma GCC unroll 4
             for (int j = 0; j < 4; j++) {
@@ -2835,6 +2846,7 @@ LLM_AVX512VNNI_FN void tile16_b32(int64_t k, const uint8_t* W, const uint8_t* A,
     for (int c = 0; c < NC; c++) acc[c] = accm[c] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const G& B = x[b];
+        prefetch_ahead<sizeof(G)>(&B);
         __m512i u[8];
         if constexpr (kHasBytes<G>) {
             for (int i = 0; i < 8; i++) u[i] = _mm512_loadu_si512(B.qs[i]);
@@ -2957,6 +2969,15 @@ void deinterleave_rows16(Type t, const uint8_t* src, uint8_t* dst, int64_t k, in
     const qimpl::InterleavedType& it = interleaved_or_fail(t, k, rows);
     const size_t rb = row_bytes(t, k);
     for (int64_t g = 0; g < rows; g += kInterleaveRows) it.deinterleave(src + g * rb, k / type_info(t).block_size, dst + g * rb, rb);
+}
+
+void dequantize_interleaved_row(Type t, const uint8_t* W, int64_t k, int64_t row, float* dst) {
+    const int64_t g = row - row % kInterleaveRows;
+    const size_t rb = row_bytes(t, k);
+    thread_local std::vector<uint8_t> rows;
+    rows.resize(kInterleaveRows * rb);
+    interleaved_or_fail(t, k, kInterleaveRows).deinterleave(W + g * rb, k / type_info(t).block_size, rows.data(), rb);
+    dequantize_row(t, rows.data() + (row - g) * rb, dst, k);
 }
 
 void matmul_rows_interleaved(Type wt, const uint8_t* W, int64_t k, int64_t r0, int64_t r1, const uint8_t* act,
@@ -6760,14 +6781,20 @@ static void bind_tensors(Model& m) {
 // Returns the mapped addresses it replaced (tensors' first bytes), which --mlock must not pin.
 static std::vector<const uint8_t*> interleave_weights(Model& m) {
     std::vector<TensorInfo*> todo;  // experts' views, in place; dense weights, as copies
+    auto dense = [&](const TensorInfo** w) {
+        if (!*w || !interleave_supported((*w)->type, (*w)->ne[0], (*w)->ne[1] * (*w)->ne[2] * (*w)->ne[3])) return;
+        m.interleaved.push_back(std::make_unique<TensorInfo>(**w));
+        *w = m.interleaved.back().get();
+        todo.push_back(m.interleaved.back().get());
+    };
+    // The output projection too; a tied token embedding then reads its rows from the repacked copy.
+    const bool tied = m.output == m.tok_embd;
+    dense(&m.output);
+    if (tied) m.tok_embd = m.output;
     for (LayerWeights& L : m.layers) {
         for (const TensorInfo** w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.wq_a, &L.wq_b, &L.wkv_a, &L.ffn_gate, &L.ffn_up,
-                                     &L.ffn_down, &L.gate_shexp, &L.up_shexp, &L.down_shexp}) {
-            if (!*w || !interleave_supported((*w)->type, (*w)->ne[0], (*w)->ne[1] * (*w)->ne[2] * (*w)->ne[3])) continue;
-            m.interleaved.push_back(std::make_unique<TensorInfo>(**w));
-            *w = m.interleaved.back().get();
-            todo.push_back(m.interleaved.back().get());
-        }
+                                     &L.ffn_down, &L.gate_shexp, &L.up_shexp, &L.down_shexp})
+            dense(w);
         for (auto* experts : {&L.gate_exp, &L.up_exp, &L.down_exp})
             for (TensorInfo& e : *experts)
                 if (interleave_supported(e.type, e.ne[0], e.ne[1])) todo.push_back(&e);
@@ -7420,8 +7447,10 @@ struct Context::Impl {
         if (hp.mla) qa.resize((size_t)n * std::max<int64_t>(hp.q_lora_rank, (int64_t)hp.n_head * hp.v_head_dim));
 
         for (int i = 0; i < n; i++) {
-            const uint8_t* row = m.tok_embd->data + row_bytes(m.tok_embd->type, E) * batch.token[i];
-            dequantize_row(m.tok_embd->type, row, x.data() + i * E, E);
+            if (m.tok_embd->interleaved)  // tied to the output, which was repacked
+                dequantize_interleaved_row(m.tok_embd->type, m.tok_embd->data, E, batch.token[i], x.data() + i * E);
+            else
+                dequantize_row(m.tok_embd->type, m.tok_embd->data + row_bytes(m.tok_embd->type, E) * batch.token[i], x.data() + i * E, E);
             if (hp.embd_scale != 1.0f) for (int64_t j = 0; j < E; j++) x[i * E + j] *= hp.embd_scale;
         }
         for (int il = 0; il < hp.n_layer; il++) {

@@ -399,6 +399,11 @@ TEST_CASE("quants: interleaved weights round-trip and multiply like their rows")
         llm::deinterleave_rows16(t, packed.data(), back.data(), k, rows);
         CHECK(packed != W);
         CHECK(back == W);  // lossless
+        for (int64_t r : {0, 17, 47}) {  // single rows (a tied embedding's lookups)
+            std::vector<float> want(k), got(k);
+            llm::dequantize_interleaved_row(t, packed.data(), k, r, got.data());
+            CHECK(std::equal(got.begin(), got.end(), wf.begin() + r * k));
+        }
         CHECK_THROWS_AS(llm::interleave_rows16(t, W.data(), packed.data(), k, rows - 8), llm::Error);
 
         for (llm::Isa isa : supported_isas()) {
