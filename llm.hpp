@@ -6812,10 +6812,19 @@ static std::vector<const uint8_t*> interleave_weights(Model& m) {
     auto work = [&] {
         for (size_t i; (i = next++) < todo.size();) {
             TensorInfo& t = *todo[i];
-            interleave_rows16(t.type, t.data, dst[i], t.ne[0], (int64_t)(t.nbytes / row_bytes(t.type, t.ne[0])));
-            // the whole pages inside this tensor's mapped bytes
-            const uintptr_t page = 4096, b = ((uintptr_t)t.data + page - 1) & ~(page - 1), e = ((uintptr_t)t.data + t.nbytes) & ~(page - 1);
-            if (e > b) madvise((void*)b, e - b, MADV_DONTNEED);
+            // In slices of about 1 MiB, each slice's mapped pages dropped when it is done, so the
+            // peak stays near one copy of the weights even for a large embedding. Only whole pages
+            // inside the tensor are dropped (its first and last may hold other tensors' bytes).
+            const size_t rb = row_bytes(t.type, t.ne[0]), page = 4096;
+            const int64_t rows = (int64_t)(t.nbytes / rb);
+            const int64_t slice = std::max<int64_t>(1, (int64_t)((1 << 20) / (rb * kInterleaveRows))) * kInterleaveRows;
+            uintptr_t dropped = ((uintptr_t)t.data + page - 1) & ~(page - 1);
+            for (int64_t r = 0; r < rows; r += slice) {
+                const int64_t n = std::min(slice, rows - r);
+                interleave_rows16(t.type, t.data + r * rb, dst[i] + r * rb, t.ne[0], n);
+                const uintptr_t e = ((uintptr_t)t.data + (r + n) * rb) & ~(page - 1);
+                if (e > dropped) madvise((void*)dropped, e - dropped, MADV_DONTNEED), dropped = e;
+            }
             t.data = dst[i];
             t.interleaved = true;
         }
