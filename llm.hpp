@@ -3064,13 +3064,80 @@ LLM_AVX2_FN void weighted_sum_f16(const uint8_t* rows, size_t stride, const floa
                                   bool accumulate) {
     weighted_sum_simd<LoadF16>(rows, stride, w, n_rows, dim, out, accumulate);
 }
+// The same for HB weight vectors at once (attention heads sharing a KV head: a latent cache's 16
+// heads read the same rows) over 64 values from d, so each row is converted once per HB heads; every
+// sum keeps its row order, so the results are those of weighted_sum_simd.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // GCC 12 on _mm512_cvtph_ps (see tile16_q45_K)
+template <int HB, bool F16>
+LLM_AVX512_FN void weighted_sum_heads(const uint8_t* rows, size_t stride, const float* w, int64_t w_stride, int64_t n_rows,
+                                      int64_t d, float* out, int64_t out_stride, bool accumulate) {
+    __m512 acc[HB][4];
+#pragma GCC unroll 8
+    for (int h = 0; h < HB; h++)
+#pragma GCC unroll 4
+        for (int u = 0; u < 4; u++) acc[h][u] = accumulate ? _mm512_loadu_ps(out + h * out_stride + d + 16 * u) : _mm512_setzero_ps();
+    for (int64_t r = 0; r < n_rows; r++) {
+        __m512 v[4];
+#pragma GCC unroll 4
+        for (int u = 0; u < 4; u++) {
+            if constexpr (F16) v[u] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)((const uint16_t*)(rows + r * stride) + d + 16 * u)));
+            else v[u] = _mm512_loadu_ps((const float*)(rows + r * stride) + d + 16 * u);
+        }
+#pragma GCC unroll 8
+        for (int h = 0; h < HB; h++) {
+            const __m512 wr = _mm512_set1_ps(w[h * w_stride + r]);
+#pragma GCC unroll 4
+            for (int u = 0; u < 4; u++) acc[h][u] = _mm512_fmadd_ps(wr, v[u], acc[h][u]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int h = 0; h < HB; h++)
+#pragma GCC unroll 4
+        for (int u = 0; u < 4; u++) _mm512_storeu_ps(out + h * out_stride + d + 16 * u, acc[h][u]);
+}
+#pragma GCC diagnostic pop
+using WeightedSumHeadsFn = void (*)(const uint8_t*, size_t, const float*, int64_t, int64_t, int64_t, float*, int64_t, bool);
+template <bool F16>
+WeightedSumHeadsFn weighted_sum_heads_fn(int heads) {
+    static const WeightedSumHeadsFn fns[] = {weighted_sum_heads<1, F16>, weighted_sum_heads<2, F16>, weighted_sum_heads<3, F16>,
+                                             weighted_sum_heads<4, F16>, weighted_sum_heads<5, F16>, weighted_sum_heads<6, F16>};
+    return fns[heads - 1];
+}
 #endif
 } // namespace qimpl
 
 // out[0..dim) (+)= sum over r < n_rows of w[r] * (row r of type t, rows `stride` bytes apart): added
 // to out when `accumulate`, else replacing it. scratch: dim floats, for types dequantized row by row.
 void weighted_row_sum(Type t, const uint8_t* rows, size_t stride, const float* w, int64_t n_rows, int64_t dim, float* out,
-                      float* scratch, bool accumulate = false) {
+                      float* scratch, bool accumulate = false);
+
+// weighted_row_sum for `heads` weight vectors (w + h * w_stride) into out + h * out_stride.
+void weighted_row_sums(Type t, const uint8_t* rows, size_t stride, const float* w, int64_t w_stride, int heads, int64_t n_rows,
+                       int64_t dim, float* out, int64_t out_stride, float* scratch, bool accumulate) {
+#ifdef LLM_X86
+    if (isa_current() == Isa::AVX512 && (t == Type::F16 || t == Type::F32) && dim % 64 == 0) {
+        // Rows in blocks that stay in L1 while every 64-value slice of every head passes over them.
+        const int64_t block = std::max<int64_t>(1, 32768 / (int64_t)stride);
+        for (int64_t r0 = 0; r0 < n_rows; r0 += block) {
+            const int64_t nr = std::min(block, n_rows - r0);
+            for (int64_t d = 0; d < dim; d += 64) {
+                for (int h = 0; h < heads; h += 6) {
+                    const int hb = std::min(6, heads - h);
+                    (t == Type::F16 ? qimpl::weighted_sum_heads_fn<true>(hb) : qimpl::weighted_sum_heads_fn<false>(hb))(
+                        rows + r0 * stride, stride, w + h * w_stride + r0, w_stride, nr, d, out + h * out_stride, out_stride,
+                        accumulate || r0 > 0);
+                }
+            }
+        }
+        return;
+    }
+#endif
+    for (int h = 0; h < heads; h++) weighted_row_sum(t, rows, stride, w + h * w_stride, n_rows, dim, out + h * out_stride, scratch, accumulate);
+}
+
+void weighted_row_sum(Type t, const uint8_t* rows, size_t stride, const float* w, int64_t n_rows, int64_t dim, float* out,
+                      float* scratch, bool accumulate) {
     int64_t done = 0;
 #ifdef LLM_X86
     if (isa_current() != Isa::Scalar && (t == Type::F16 || t == Type::F32)) {
@@ -7218,14 +7285,13 @@ struct Context::Impl {
                         matmul_rows(kv.type_k, kv.k_row(il, s, c0) + hk * k_head, kv.row_k, hd_k, 0, c1 - c0, qc.data(), q_row, nh,
                                     sc.data() + c0, n_kv);
                     });
-                    for (int j = 0; j < nh; j++) {
-                        float* sj = sc.data() + (size_t)j * n_kv;
-                        softmax_scaled(sj + lo, p + 1 - lo, hp.attn_scale, round_p);
-                        float* o = attn.data() + ((int64_t)i * hp.n_head + h0 + j) * hd_v;
-                        for_runs(lo, p + 1, [&](int c0, int c1) {
-                            weighted_row_sum(vt, v_row(c0) + hk * v_head, v_stride, sj + c0, c1 - c0, hd_v, o, deq, c0 > lo);
-                        });
-                    }
+                    for (int j = 0; j < nh; j++) softmax_scaled(sc.data() + (size_t)j * n_kv + lo, p + 1 - lo, hp.attn_scale, round_p);
+                    // the heads' outputs are adjacent: one pass over the V rows serves all of them
+                    float* o = attn.data() + ((int64_t)i * hp.n_head + h0) * hd_v;
+                    for_runs(lo, p + 1, [&](int c0, int c1) {
+                        weighted_row_sums(vt, v_row(c0) + hk * v_head, v_stride, sc.data() + c0, n_kv, nh, c1 - c0, hd_v, o, hd_v, deq,
+                                          c0 > lo);
+                    });
                 }
             });
         }
