@@ -1897,6 +1897,12 @@ struct IsaKernels {
 #define LLM_AVX2_INLINE __attribute__((target("avx2,fma,f16c"), always_inline)) inline
 #define LLM_AVX512_FN __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq")))
 #define LLM_AVX512VNNI_FN __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
+// GCC 12 warns about the _mm512_undefined_* inside its 512-bit conversion and broadcast intrinsics
+// (a false alarm); the 512-bit kernels are wrapped in these.
+#define LLM_AVX512_WARNINGS_OFF                                                                    \
+    _Pragma("GCC diagnostic push") _Pragma("GCC diagnostic ignored \"-Wmaybe-uninitialized\"")      \
+        _Pragma("GCC diagnostic ignored \"-Wuninitialized\"")
+#define LLM_AVX512_WARNINGS_ON _Pragma("GCC diagnostic pop")
 
 // Sum of unsigned bytes a times signed bytes b, in groups of four, into eight int32 lanes.
 // madd_add: acc + pairwise sums of int16 a times int16 b, into eight int32 lanes.
@@ -2683,10 +2689,7 @@ void deinterleave_group(const uint8_t* group, int64_t nb, uint8_t* rows, size_t 
 // block, and the mins' term comes from the column's 16-value sums (bsums) in pairs of sub-blocks, so
 // each row gets ggml's integer block sums exactly and the same float steps per block (d_y * d_x,
 // then one fma); only the order in which blocks are summed differs from the row kernels.
-// (GCC 12 warns about the _mm512_undefined_* inside its 512-bit conversion intrinsics: a false alarm.)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
+LLM_AVX512_WARNINGS_OFF
 template <class G, int NC>
 LLM_AVX512VNNI_FN void tile16_q45_K(int64_t k, const uint8_t* W, const uint8_t* A, size_t as, const float*, int64_t,
                                     const int32_t*, float* out, int64_t ld) {
@@ -2882,7 +2885,7 @@ LLM_AVX512VNNI_FN void tile16_b32(int64_t k, const uint8_t* W, const uint8_t* A,
 #pragma GCC unroll 8
     for (int c = 0; c < NC; c++) _mm512_storeu_ps(out + c * ld, _mm512_add_ps(acc[c], accm[c]));
 }
-#pragma GCC diagnostic pop
+LLM_AVX512_WARNINGS_ON
 #endif
 // out[c * ld + r] for the 16 rows of the group at W and NC columns; S / ysum: see tile16_b32.
 using Tile16Fn = void (*)(int64_t k, const uint8_t* W, const uint8_t* A, size_t as, const float* S, int64_t ss,
@@ -3067,8 +3070,7 @@ LLM_AVX2_FN void weighted_sum_f16(const uint8_t* rows, size_t stride, const floa
 // The same for HB weight vectors at once (attention heads sharing a KV head: a latent cache's 16
 // heads read the same rows) over 64 values from d, so each row is converted once per HB heads; every
 // sum keeps its row order, so the results are those of weighted_sum_simd.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // GCC 12 on _mm512_cvtph_ps (see tile16_q45_K)
+LLM_AVX512_WARNINGS_OFF
 template <int HB, bool F16>
 LLM_AVX512_FN void weighted_sum_heads(const uint8_t* rows, size_t stride, const float* w, int64_t w_stride, int64_t n_rows,
                                       int64_t d, float* out, int64_t out_stride, bool accumulate) {
@@ -3096,7 +3098,7 @@ LLM_AVX512_FN void weighted_sum_heads(const uint8_t* rows, size_t stride, const 
 #pragma GCC unroll 4
         for (int u = 0; u < 4; u++) _mm512_storeu_ps(out + h * out_stride + d + 16 * u, acc[h][u]);
 }
-#pragma GCC diagnostic pop
+LLM_AVX512_WARNINGS_ON
 using WeightedSumHeadsFn = void (*)(const uint8_t*, size_t, const float*, int64_t, int64_t, int64_t, float*, int64_t, bool);
 template <bool F16>
 WeightedSumHeadsFn weighted_sum_heads_fn(int heads) {
@@ -3106,6 +3108,83 @@ WeightedSumHeadsFn weighted_sum_heads_fn(int heads) {
 }
 #endif
 } // namespace qimpl
+
+#ifdef LLM_X86
+namespace qimpl {
+// Attention scores on an f16 cache for query heads in pairs: out[h * out_stride + r] = row r . q_h.
+// Each 512-bit register holds the 8-lane sums of two heads, so a row is converted once for all
+// heads and each fma serves two; every dot product keeps the f16 tile's 8-lane order and final sum
+// (tile<K_f16>), so the scores are bit-identical to matmul_rows'. qp: the queries rounded to f16,
+// as floats, in pairs (see attention_scores_f16); dim a multiple of 8.
+LLM_AVX512_WARNINGS_OFF
+// Four rows at a time: a head's sum over one row is a chain of dependent fmas, so several rows give
+// the core independent chains to overlap.
+template <int NP, int NR>
+LLM_AVX512_FN void scores_f16_rows(const uint8_t* rows, size_t stride, int64_t dim, const float* qp, int heads, float* out,
+                                   int64_t out_stride) {
+    __m512 acc[NR][NP];
+#pragma GCC unroll 4
+    for (int i = 0; i < NR; i++)
+#pragma GCC unroll 4
+        for (int p = 0; p < NP; p++) acc[i][p] = _mm512_setzero_ps();
+    for (int64_t d = 0; d < dim; d += 8) {
+#pragma GCC unroll 4
+        for (int i = 0; i < NR; i++) {
+            const uint16_t* k = (const uint16_t*)(rows + i * stride);
+            const __m512 kv = _mm512_cvtph_ps(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)(k + d))));
+#pragma GCC unroll 4
+            for (int p = 0; p < NP; p++) acc[i][p] = _mm512_fmadd_ps(kv, _mm512_loadu_ps(qp + (p * dim + d) * 2), acc[i][p]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < NR; i++)
+#pragma GCC unroll 4
+        for (int p = 0; p < NP; p++) {
+            out[2 * p * out_stride + i] = hsum8(_mm512_castps512_ps256(acc[i][p])) + 0.0f;
+            if (2 * p + 1 < heads) out[(2 * p + 1) * out_stride + i] = hsum8(_mm512_extractf32x8_ps(acc[i][p], 1)) + 0.0f;
+        }
+}
+template <int NP>
+LLM_AVX512_FN void scores_f16_pairs(const uint8_t* rows, size_t stride, int64_t n_rows, int64_t dim, const float* qp, int heads,
+                                    float* out, int64_t out_stride) {
+    int64_t r = 0;
+    for (; r + 4 <= n_rows; r += 4) scores_f16_rows<NP, 4>(rows + r * stride, stride, dim, qp, heads, out + r, out_stride);
+    for (; r < n_rows; r++) scores_f16_rows<NP, 1>(rows + r * stride, stride, dim, qp, heads, out + r, out_stride);
+}
+LLM_AVX512_WARNINGS_ON
+using ScoresFn = void (*)(const uint8_t*, size_t, int64_t, int64_t, const float*, int, float*, int64_t);
+inline ScoresFn scores_f16_pairs_fn(int pairs) {
+    static const ScoresFn fns[] = {scores_f16_pairs<1>, scores_f16_pairs<2>, scores_f16_pairs<3>, scores_f16_pairs<4>};
+    return fns[pairs - 1];
+}
+} // namespace qimpl
+#endif
+
+// Attention scores on an f16 cache: out[h * out_stride + r] = (row r) . (query h) for `heads` queries
+// given as f16-rounded floats, q_stride apart; scratch: (heads + 1) * dim floats. False when this ISA
+// has no such kernel (the caller then uses matmul_rows, with the same results).
+bool attention_scores_f16(const uint8_t* rows, size_t stride, int64_t n_rows, int64_t dim, const float* q, int64_t q_stride,
+                          int heads, float* out, int64_t out_stride, float* scratch) {
+#ifdef LLM_X86
+    if (isa_current() != Isa::AVX512 || dim % 8) return false;
+    // pairs of heads: for each 8 values, 8 of the first head then 8 of the second (zeros past the last)
+    for (int h = 0; h < heads; h += 2)
+        for (int64_t d = 0; d < dim; d += 8)
+            for (int j = 0; j < 2; j++)
+                for (int e = 0; e < 8; e++) scratch[(h / 2 * dim + d) * 2 + 8 * j + e] = h + j < heads ? q[(h + j) * q_stride + d + e] : 0.0f;
+    // Rows in blocks that stay in L1 while each group of up to 8 heads passes over them.
+    const int64_t block = std::max<int64_t>(1, 32768 / (int64_t)stride);
+    for (int64_t r0 = 0; r0 < n_rows; r0 += block)
+        for (int h = 0; h < heads; h += 8)
+            qimpl::scores_f16_pairs_fn((std::min(8, heads - h) + 1) / 2)(rows + r0 * stride, stride, std::min(block, n_rows - r0), dim,
+                                                                         scratch + h * dim, std::min(8, heads - h), out + h * out_stride + r0,
+                                                                         out_stride);
+    return true;
+#else
+    (void)rows, (void)stride, (void)n_rows, (void)dim, (void)q, (void)q_stride, (void)heads, (void)out, (void)out_stride, (void)scratch;
+    return false;
+#endif
+}
 
 // out[0..dim) (+)= sum over r < n_rows of w[r] * (row r of type t, rows `stride` bytes apart): added
 // to out when `accumulate`, else replacing it. scratch: dim floats, for types dequantized row by row.
@@ -7264,7 +7343,8 @@ struct Context::Impl {
             const int64_t n_work = (int64_t)idx.size() * hp.n_head_kv * slices;
             pool.parallel_for(n_work, 1, [&](int64_t b, int64_t e, int thread) {
                 std::vector<float>& sc = thread_scratch[thread];
-                if (sc.size() < (size_t)per_slice * n_kv + hd_v) sc.resize((size_t)per_slice * n_kv + hd_v);
+                const size_t need = (size_t)per_slice * (n_kv + 2 * hd_k) + hd_k + hd_v;
+                if (sc.size() < need) sc.resize(need);
                 float* deq = sc.data() + (size_t)per_slice * n_kv;
                 std::vector<uint8_t>& qc = thread_bytes[thread];
                 qc.resize(q_row * per_slice);
@@ -7280,10 +7360,16 @@ struct Context::Impl {
                     const int lo = swa ? std::max(0, p - hp.n_swa + 1) : 0;
                     const float* qrow = q.data() + ((int64_t)i * hp.n_head + h0) * hd_k;
                     for (int j = 0; j < nh; j++) quantize_row(qt, qrow + j * hd_k, qc.data() + j * q_row, hd_k);
+                    // f16 queries as floats for the f16 cache's score kernel (and its scratch after them)
+                    float* qf = deq + hd_v;
+                    if (qt == Type::F16)
+                        for (int j = 0; j < nh; j++) dequantize_row(qt, qc.data() + j * q_row, qf + j * hd_k, hd_k);
                     // sc[j * n_kv + c] = K row c . query j
                     for_runs(lo, p + 1, [&](int c0, int c1) {
-                        matmul_rows(kv.type_k, kv.k_row(il, s, c0) + hk * k_head, kv.row_k, hd_k, 0, c1 - c0, qc.data(), q_row, nh,
-                                    sc.data() + c0, n_kv);
+                        const uint8_t* rows = kv.k_row(il, s, c0) + hk * k_head;
+                        if (qt != Type::F16 || !attention_scores_f16(rows, kv.row_k, c1 - c0, hd_k, qf, hd_k, nh, sc.data() + c0, n_kv,
+                                                                     qf + (size_t)nh * hd_k))
+                            matmul_rows(kv.type_k, rows, kv.row_k, hd_k, 0, c1 - c0, qc.data(), q_row, nh, sc.data() + c0, n_kv);
                     });
                     for (int j = 0; j < nh; j++) softmax_scaled(sc.data() + (size_t)j * n_kv + lo, p + 1 - lo, hp.attn_scale, round_p);
                     // the heads' outputs are adjacent: one pass over the V rows serves all of them
