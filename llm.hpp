@@ -3071,7 +3071,36 @@ LLM_AVX2_FN void weighted_sum_f16(const uint8_t* rows, size_t stride, const floa
 // heads read the same rows) over 64 values from d, so each row is converted once per HB heads; every
 // sum keeps its row order, so the results are those of weighted_sum_simd.
 LLM_AVX512_WARNINGS_OFF
-template <int HB, bool F16>
+// 64 values of a V row from value d on, as floats: f16/f32, or a quantized cache type's blocks
+// dequantized exactly as dequantize_row does (d x q is exact in float).
+template <Type T>
+LLM_AVX512_FN void load64(const uint8_t* row, int64_t d, __m512 v[4]) {
+#pragma GCC unroll 4
+    for (int u = 0; u < 4; u++) {
+        if constexpr (T == Type::F16) {
+            v[u] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)((const uint16_t*)row + d + 16 * u)));
+        } else if constexpr (T == Type::F32) {
+            v[u] = _mm512_loadu_ps((const float*)row + d + 16 * u);
+        } else if constexpr (T == Type::Q8_0) {
+            const block_q8_0& b = ((const block_q8_0*)row)[d / 32 + u / 2];
+            const __m512 q = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(b.qs + 16 * (u % 2)))));
+            v[u] = _mm512_mul_ps(q, _mm512_set1_ps(fp16_to_fp32(b.d)));
+        } else {  // Q4_0 / IQ4_NL: value j in the low nibble of qs[j], value j + 16 in the high one
+            const auto& b = ((const block_q4_0*)row)[d / 32 + u / 2];
+            static_assert(sizeof(block_q4_0) == sizeof(block_iq4_nl), "same nibble layout");
+            __m512i n = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)b.qs));
+            n = _mm512_and_si512(u % 2 ? _mm512_srli_epi32(n, 4) : n, _mm512_set1_epi32(15));
+            const __m512 q = T == Type::Q4_0 ? _mm512_cvtepi32_ps(_mm512_sub_epi32(n, _mm512_set1_epi32(8)))
+                                             : _mm512_permutexvar_ps(n, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+                                                                            _mm_loadu_si128((const __m128i*)kIQ4NLValues))));
+            v[u] = _mm512_mul_ps(q, _mm512_set1_ps(fp16_to_fp32(b.d)));
+        }
+    }
+}
+constexpr int kRoundNearest = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+// out_h[d..d+64) (+)= sum over rows of w_h[r] * row r for HB heads; float rows with fma, as
+// weighted_sum_simd, quantized rows with a multiply and an add, as the scalar dequantizing path.
+template <int HB, Type T>
 LLM_AVX512_FN void weighted_sum_heads(const uint8_t* rows, size_t stride, const float* w, int64_t w_stride, int64_t n_rows,
                                       int64_t d, float* out, int64_t out_stride, bool accumulate) {
     __m512 acc[HB][4];
@@ -3081,16 +3110,16 @@ LLM_AVX512_FN void weighted_sum_heads(const uint8_t* rows, size_t stride, const 
         for (int u = 0; u < 4; u++) acc[h][u] = accumulate ? _mm512_loadu_ps(out + h * out_stride + d + 16 * u) : _mm512_setzero_ps();
     for (int64_t r = 0; r < n_rows; r++) {
         __m512 v[4];
-#pragma GCC unroll 4
-        for (int u = 0; u < 4; u++) {
-            if constexpr (F16) v[u] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)((const uint16_t*)(rows + r * stride) + d + 16 * u)));
-            else v[u] = _mm512_loadu_ps((const float*)(rows + r * stride) + d + 16 * u);
-        }
+        load64<T>(rows + r * stride, d, v);
 #pragma GCC unroll 8
         for (int h = 0; h < HB; h++) {
             const __m512 wr = _mm512_set1_ps(w[h * w_stride + r]);
 #pragma GCC unroll 4
-            for (int u = 0; u < 4; u++) acc[h][u] = _mm512_fmadd_ps(wr, v[u], acc[h][u]);
+            for (int u = 0; u < 4; u++) {
+                if constexpr (T == Type::F16 || T == Type::F32) acc[h][u] = _mm512_fmadd_ps(wr, v[u], acc[h][u]);
+                else  // explicitly rounded: the compiler must not fuse these into an fma
+                    acc[h][u] = _mm512_add_round_ps(acc[h][u], _mm512_mul_round_ps(wr, v[u], kRoundNearest), kRoundNearest);
+            }
         }
     }
 #pragma GCC unroll 8
@@ -3100,11 +3129,22 @@ LLM_AVX512_FN void weighted_sum_heads(const uint8_t* rows, size_t stride, const 
 }
 LLM_AVX512_WARNINGS_ON
 using WeightedSumHeadsFn = void (*)(const uint8_t*, size_t, const float*, int64_t, int64_t, int64_t, float*, int64_t, bool);
-template <bool F16>
-WeightedSumHeadsFn weighted_sum_heads_fn(int heads) {
-    static const WeightedSumHeadsFn fns[] = {weighted_sum_heads<1, F16>, weighted_sum_heads<2, F16>, weighted_sum_heads<3, F16>,
-                                             weighted_sum_heads<4, F16>, weighted_sum_heads<5, F16>, weighted_sum_heads<6, F16>};
+template <Type T>
+WeightedSumHeadsFn weighted_sum_heads_for(int heads) {
+    static const WeightedSumHeadsFn fns[] = {weighted_sum_heads<1, T>, weighted_sum_heads<2, T>, weighted_sum_heads<3, T>,
+                                             weighted_sum_heads<4, T>, weighted_sum_heads<5, T>, weighted_sum_heads<6, T>};
     return fns[heads - 1];
+}
+// nullptr for types without a kernel
+inline WeightedSumHeadsFn weighted_sum_heads_fn(Type t, int heads) {
+    switch (t) {
+    case Type::F16: return weighted_sum_heads_for<Type::F16>(heads);
+    case Type::F32: return weighted_sum_heads_for<Type::F32>(heads);
+    case Type::Q8_0: return weighted_sum_heads_for<Type::Q8_0>(heads);
+    case Type::Q4_0: return weighted_sum_heads_for<Type::Q4_0>(heads);
+    case Type::IQ4_NL: return weighted_sum_heads_for<Type::IQ4_NL>(heads);
+    default: return nullptr;
+    }
 }
 #endif
 } // namespace qimpl
@@ -3195,7 +3235,7 @@ void weighted_row_sum(Type t, const uint8_t* rows, size_t stride, const float* w
 void weighted_row_sums(Type t, const uint8_t* rows, size_t stride, const float* w, int64_t w_stride, int heads, int64_t n_rows,
                        int64_t dim, float* out, int64_t out_stride, float* scratch, bool accumulate) {
 #ifdef LLM_X86
-    if (isa_current() == Isa::AVX512 && (t == Type::F16 || t == Type::F32) && dim % 64 == 0) {
+    if (isa_current() == Isa::AVX512 && qimpl::weighted_sum_heads_fn(t, 1) && dim % 64 == 0) {
         // Rows in blocks that stay in L1 while every 64-value slice of every head passes over them.
         const int64_t block = std::max<int64_t>(1, 32768 / (int64_t)stride);
         for (int64_t r0 = 0; r0 < n_rows; r0 += block) {
@@ -3203,7 +3243,7 @@ void weighted_row_sums(Type t, const uint8_t* rows, size_t stride, const float* 
             for (int64_t d = 0; d < dim; d += 64) {
                 for (int h = 0; h < heads; h += 6) {
                     const int hb = std::min(6, heads - h);
-                    (t == Type::F16 ? qimpl::weighted_sum_heads_fn<true>(hb) : qimpl::weighted_sum_heads_fn<false>(hb))(
+                    qimpl::weighted_sum_heads_fn(t, hb)(
                         rows + r0 * stride, stride, w + h * w_stride + r0, w_stride, nr, d, out + h * out_stride, out_stride,
                         accumulate || r0 > 0);
                 }
