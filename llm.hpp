@@ -2640,8 +2640,12 @@ inline void interleave_b32(const X& x, int r, G& g) {
     g.d[r] = x.d;
     if constexpr (kHasMin<G>) g.m[r] = x.m;
     if constexpr (kHasBytes<G>) {
-        for (int grp = 0; grp < 8; grp++)
-            for (int j = 0; j < 4; j++) g.qs[grp][4 * r + j] = (uint8_t)(x.qs[4 * grp + j] ^ 0x80);
+        for (int grp = 0; grp < 8; grp++) {  // four values as one word, each + 128
+            uint32_t w;
+            memcpy(&w, x.qs + 4 * grp, 4);
+            w ^= 0x80808080u;
+            memcpy(g.qs[grp] + 4 * r, &w, 4);
+        }
     } else {
         for (int c = 0; c < 4; c++) memcpy(g.qs[c] + 4 * r, x.qs + 4 * c, 4);
     }
@@ -2656,8 +2660,12 @@ inline void deinterleave_b32(const G& g, int r, X& x) {
     x.d = g.d[r];
     if constexpr (kHasMin<G>) x.m = g.m[r];
     if constexpr (kHasBytes<G>) {
-        for (int grp = 0; grp < 8; grp++)
-            for (int j = 0; j < 4; j++) x.qs[4 * grp + j] = (int8_t)(g.qs[grp][4 * r + j] ^ 0x80);
+        for (int grp = 0; grp < 8; grp++) {
+            uint32_t w;
+            memcpy(&w, g.qs[grp] + 4 * r, 4);
+            w ^= 0x80808080u;
+            memcpy(x.qs + 4 * grp, &w, 4);
+        }
     } else {
         for (int c = 0; c < 4; c++) memcpy(x.qs + 4 * c, g.qs[c] + 4 * r, 4);
     }
@@ -6994,31 +7002,35 @@ static std::vector<const uint8_t*> interleave_weights(Model& m) {
     uint8_t* base = m.interleaved_data.get() + (-(uintptr_t)m.interleaved_data.get() & 63);  // groups on cache lines
     std::vector<uint8_t*> dst(todo.size());
     for (size_t i = 0, off = 0; i < todo.size(); off += todo[i]->nbytes, i++) dst[i] = base + off;
+    // Work in slices of about 1 MiB of rows (a large embedding is shared out too); each slice's
+    // mapped pages are dropped when it is done, so the peak stays near one copy of the weights. Only
+    // whole pages inside a slice are dropped: a page shared with another slice or tensor stays.
+    struct Slice { size_t tensor; int64_t r0, r1; };
+    std::vector<Slice> slices;
+    for (size_t i = 0; i < todo.size(); i++) {
+        const size_t rb = row_bytes(todo[i]->type, todo[i]->ne[0]);
+        const int64_t rows = (int64_t)(todo[i]->nbytes / rb);
+        const int64_t step = std::max<int64_t>(1, (int64_t)((1 << 20) / (rb * kInterleaveRows))) * kInterleaveRows;
+        for (int64_t r = 0; r < rows; r += step) slices.push_back({i, r, std::min(rows, r + step)});
+    }
     std::atomic<size_t> next{0};
     auto work = [&] {
-        for (size_t i; (i = next++) < todo.size();) {
-            TensorInfo& t = *todo[i];
-            // In slices of about 1 MiB, each slice's mapped pages dropped when it is done, so the
-            // peak stays near one copy of the weights even for a large embedding. Only whole pages
-            // inside the tensor are dropped (its first and last may hold other tensors' bytes).
-            const size_t rb = row_bytes(t.type, t.ne[0]), page = 4096;
-            const int64_t rows = (int64_t)(t.nbytes / rb);
-            const int64_t slice = std::max<int64_t>(1, (int64_t)((1 << 20) / (rb * kInterleaveRows))) * kInterleaveRows;
-            uintptr_t dropped = ((uintptr_t)t.data + page - 1) & ~(page - 1);
-            for (int64_t r = 0; r < rows; r += slice) {
-                const int64_t n = std::min(slice, rows - r);
-                interleave_rows16(t.type, t.data + r * rb, dst[i] + r * rb, t.ne[0], n);
-                const uintptr_t e = ((uintptr_t)t.data + (r + n) * rb) & ~(page - 1);
-                if (e > dropped) madvise((void*)dropped, e - dropped, MADV_DONTNEED), dropped = e;
-            }
-            t.data = dst[i];
-            t.interleaved = true;
+        for (size_t i; (i = next++) < slices.size();) {
+            const Slice& sl = slices[i];
+            const TensorInfo& t = *todo[sl.tensor];
+            const size_t rb = row_bytes(t.type, t.ne[0]);
+            const uint8_t* src = t.data + sl.r0 * rb;
+            interleave_rows16(t.type, src, dst[sl.tensor] + sl.r0 * rb, t.ne[0], sl.r1 - sl.r0);
+            const uintptr_t page = 4096, b = ((uintptr_t)src + page - 1) & ~(page - 1),
+                            e = ((uintptr_t)src + (sl.r1 - sl.r0) * rb) & ~(page - 1);
+            if (e > b) madvise((void*)b, e - b, MADV_DONTNEED);
         }
     };
     std::vector<std::thread> threads(std::min(16u, std::max(1u, std::thread::hardware_concurrency())) - 1);
     for (auto& th : threads) th = std::thread(work);
     work();
     for (auto& th : threads) th.join();
+    for (size_t i = 0; i < todo.size(); i++) todo[i]->data = dst[i], todo[i]->interleaved = true;
     m.interleaved_bytes = total;
     return replaced;
 }
