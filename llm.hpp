@@ -1897,6 +1897,7 @@ struct IsaKernels {
 #define LLM_AVX2_INLINE __attribute__((target("avx2,fma,f16c"), always_inline)) inline
 #define LLM_AVX512_FN __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq")))
 #define LLM_AVX512VNNI_FN __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
+#define LLM_AVX512_INLINE __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq"), always_inline)) inline
 // GCC 12 warns about the _mm512_undefined_* inside its 512-bit conversion and broadcast intrinsics
 // (a false alarm); the 512-bit kernels are wrapped in these.
 #define LLM_AVX512_WARNINGS_OFF                                                                    \
@@ -3082,7 +3083,7 @@ LLM_AVX512_WARNINGS_OFF
 // 64 values of a V row from value d on, as floats: f16/f32, or a quantized cache type's blocks
 // dequantized exactly as dequantize_row does (d x q is exact in float).
 template <Type T>
-LLM_AVX512_FN void load64(const uint8_t* row, int64_t d, __m512 v[4]) {
+LLM_AVX512_INLINE void load64(const uint8_t* row, int64_t d, __m512 v[4]) {
 #pragma GCC unroll 4
     for (int u = 0; u < 4; u++) {
         if constexpr (T == Type::F16) {
@@ -3199,37 +3200,98 @@ LLM_AVX512_FN void scores_f16_pairs(const uint8_t* rows, size_t stride, int64_t 
     for (; r + 4 <= n_rows; r += 4) scores_f16_rows<NP, 4>(rows + r * stride, stride, dim, qp, heads, out + r, out_stride);
     for (; r < n_rows; r++) scores_f16_rows<NP, 1>(rows + r * stride, stride, dim, qp, heads, out + r, out_stride);
 }
-LLM_AVX512_WARNINGS_ON
+// The same on a q8_0 cache with q8_0 queries, bit-identical to tile<K_q8_0>: per block the 8 lanes
+// of four-byte integer sums (|k| times q with k's sign), then d_k * d_q and one fma per lane. qp, per
+// pair and block, 32 floats: the two heads' 32 quants (64 bytes), then 8 x d_q of each head.
+template <int NP, int NR>
+LLM_AVX512VNNI_FN void scores_q8_0_rows(const uint8_t* rows, size_t stride, int64_t nb, const float* qp, int heads, float* out,
+                                        int64_t out_stride) {
+    __m512 acc[NR][NP];
+#pragma GCC unroll 4
+    for (int i = 0; i < NR; i++)
+#pragma GCC unroll 4
+        for (int p = 0; p < NP; p++) acc[i][p] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+#pragma GCC unroll 4
+        for (int i = 0; i < NR; i++) {
+            const block_q8_0& kb = ((const block_q8_0*)(rows + i * stride))[b];
+            const __m512i k = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i*)kb.qs));
+            const __mmask64 neg = _mm512_movepi8_mask(k);
+            const __m512i ka = _mm512_abs_epi8(k);
+            const __m512 dk = _mm512_set1_ps(fp16_to_fp32(kb.d));
+#pragma GCC unroll 4
+            for (int p = 0; p < NP; p++) {
+                const float* blk = qp + (p * nb + b) * 32;
+                const __m512i q = _mm512_loadu_si512(blk);
+                const __m512i sum = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ka, _mm512_mask_sub_epi8(q, neg, _mm512_setzero_si512(), q));
+                acc[i][p] = _mm512_fmadd_ps(_mm512_mul_ps(dk, _mm512_loadu_ps(blk + 16)), _mm512_cvtepi32_ps(sum), acc[i][p]);
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < NR; i++)
+#pragma GCC unroll 4
+        for (int p = 0; p < NP; p++) {
+            out[2 * p * out_stride + i] = hsum8(_mm512_castps512_ps256(acc[i][p])) + 0.0f;
+            if (2 * p + 1 < heads) out[(2 * p + 1) * out_stride + i] = hsum8(_mm512_extractf32x8_ps(acc[i][p], 1)) + 0.0f;
+        }
+}
+template <int NP>
+LLM_AVX512VNNI_FN void scores_q8_0_pairs(const uint8_t* rows, size_t stride, int64_t n_rows, int64_t dim, const float* qp, int heads,
+                                         float* out, int64_t out_stride) {
+    int64_t r = 0;
+    for (; r + 4 <= n_rows; r += 4) scores_q8_0_rows<NP, 4>(rows + r * stride, stride, dim / 32, qp, heads, out + r, out_stride);
+    for (; r < n_rows; r++) scores_q8_0_rows<NP, 1>(rows + r * stride, stride, dim / 32, qp, heads, out + r, out_stride);
+}
 using ScoresFn = void (*)(const uint8_t*, size_t, int64_t, int64_t, const float*, int, float*, int64_t);
-inline ScoresFn scores_f16_pairs_fn(int pairs) {
-    static const ScoresFn fns[] = {scores_f16_pairs<1>, scores_f16_pairs<2>, scores_f16_pairs<3>, scores_f16_pairs<4>};
-    return fns[pairs - 1];
+LLM_AVX512_WARNINGS_ON
+inline ScoresFn scores_pairs_fn(Type t, int pairs) {
+    static const ScoresFn f16[] = {scores_f16_pairs<1>, scores_f16_pairs<2>, scores_f16_pairs<3>, scores_f16_pairs<4>};
+    static const ScoresFn q8_0[] = {scores_q8_0_pairs<1>, scores_q8_0_pairs<2>, scores_q8_0_pairs<3>, scores_q8_0_pairs<4>};
+    return (t == Type::F16 ? f16 : q8_0)[pairs - 1];
 }
 } // namespace qimpl
 #endif
 
-// Attention scores on an f16 cache: out[h * out_stride + r] = (row r) . (query h) for `heads` queries
-// given as f16-rounded floats, q_stride apart; scratch: (heads + 1) * dim floats. False when this ISA
-// has no such kernel (the caller then uses matmul_rows, with the same results).
-bool attention_scores_f16(const uint8_t* rows, size_t stride, int64_t n_rows, int64_t dim, const float* q, int64_t q_stride,
-                          int heads, float* out, int64_t out_stride, float* scratch) {
+// Attention scores: out[h * out_stride + r] = (cache row r of type kt) . (query h) for `heads` queries
+// in the cache type's dot-product type (qc, q_row bytes apart), exactly as matmul_rows computes them;
+// scratch: 2 * (heads + 1) * dim floats. False when there is no kernel for this type and ISA (the
+// caller then uses matmul_rows).
+bool attention_scores(Type kt, const uint8_t* rows, size_t stride, int64_t n_rows, int64_t dim, const uint8_t* qc, size_t q_row,
+                      int heads, float* out, int64_t out_stride, float* scratch) {
 #ifdef LLM_X86
-    if (isa_current() != Isa::AVX512 || dim % 8) return false;
-    // pairs of heads: for each 8 values, 8 of the first head then 8 of the second (zeros past the last)
-    for (int h = 0; h < heads; h += 2)
-        for (int64_t d = 0; d < dim; d += 8)
-            for (int j = 0; j < 2; j++)
-                for (int e = 0; e < 8; e++) scratch[(h / 2 * dim + d) * 2 + 8 * j + e] = h + j < heads ? q[(h + j) * q_stride + d + e] : 0.0f;
+    if (isa_current() != Isa::AVX512 || !(kt == Type::F16 || (kt == Type::Q8_0 && qimpl::cpu().vnni)) || dim % 32) return false;
+    // Queries in pairs of heads (zeros past the last). f16: for each 8 values, 8 floats of the first
+    // head then 8 of the second; q8_0: per block, the two heads' quants, then their scales 8 times.
+    for (int h = 0; h < heads; h += 2) {
+        for (int j = 0; j < 2; j++) {
+            const bool real = h + j < heads;
+            if (kt == Type::F16) {
+                const uint16_t* q = (const uint16_t*)(qc + (h + j) * q_row);
+                for (int64_t d = 0; d < dim; d++) scratch[(h / 2 * dim + d / 8 * 8) * 2 + 8 * j + d % 8] = real ? fp16_to_fp32(q[d]) : 0.0f;
+            } else {
+                for (int64_t b = 0; b < dim / 32; b++) {
+                    float* blk = scratch + (h / 2 * (dim / 32) + b) * 32;
+                    const block_q8_0* y = (const block_q8_0*)(qc + (h + j) * q_row) + b;
+                    if (real) memcpy((uint8_t*)blk + 32 * j, y->qs, 32);
+                    else memset((uint8_t*)blk + 32 * j, 0, 32);
+                    for (int e = 0; e < 8; e++) blk[16 + 8 * j + e] = real ? fp16_to_fp32(y->d) : 0.0f;
+                }
+            }
+        }
+    }
+    const int64_t pair_floats = kt == Type::F16 ? 2 * dim : dim;  // per pair of heads
     // Rows in blocks that stay in L1 while each group of up to 8 heads passes over them.
     const int64_t block = std::max<int64_t>(1, 32768 / (int64_t)stride);
     for (int64_t r0 = 0; r0 < n_rows; r0 += block)
         for (int h = 0; h < heads; h += 8)
-            qimpl::scores_f16_pairs_fn((std::min(8, heads - h) + 1) / 2)(rows + r0 * stride, stride, std::min(block, n_rows - r0), dim,
-                                                                         scratch + h * dim, std::min(8, heads - h), out + h * out_stride + r0,
-                                                                         out_stride);
+            qimpl::scores_pairs_fn(kt, (std::min(8, heads - h) + 1) / 2)(rows + r0 * stride, stride, std::min(block, n_rows - r0), dim,
+                                                                        scratch + h / 2 * pair_floats, std::min(8, heads - h),
+                                                                        out + h * out_stride + r0, out_stride);
     return true;
 #else
-    (void)rows, (void)stride, (void)n_rows, (void)dim, (void)q, (void)q_stride, (void)heads, (void)out, (void)out_stride, (void)scratch;
+    (void)kt, (void)rows, (void)stride, (void)n_rows, (void)dim, (void)qc, (void)q_row, (void)heads, (void)out, (void)out_stride,
+        (void)scratch;
     return false;
 #endif
 }
@@ -7395,7 +7457,7 @@ struct Context::Impl {
             const int64_t n_work = (int64_t)idx.size() * hp.n_head_kv * slices;
             pool.parallel_for(n_work, 1, [&](int64_t b, int64_t e, int thread) {
                 std::vector<float>& sc = thread_scratch[thread];
-                const size_t need = (size_t)per_slice * (n_kv + 2 * hd_k) + hd_k + hd_v;
+                const size_t need = (size_t)per_slice * n_kv + hd_v + 2 * (size_t)(per_slice + 1) * hd_k;
                 if (sc.size() < need) sc.resize(need);
                 float* deq = sc.data() + (size_t)per_slice * n_kv;
                 std::vector<uint8_t>& qc = thread_bytes[thread];
@@ -7412,15 +7474,11 @@ struct Context::Impl {
                     const int lo = swa ? std::max(0, p - hp.n_swa + 1) : 0;
                     const float* qrow = q.data() + ((int64_t)i * hp.n_head + h0) * hd_k;
                     for (int j = 0; j < nh; j++) quantize_row(qt, qrow + j * hd_k, qc.data() + j * q_row, hd_k);
-                    // f16 queries as floats for the f16 cache's score kernel (and its scratch after them)
-                    float* qf = deq + hd_v;
-                    if (qt == Type::F16)
-                        for (int j = 0; j < nh; j++) dequantize_row(qt, qc.data() + j * q_row, qf + j * hd_k, hd_k);
                     // sc[j * n_kv + c] = K row c . query j
                     for_runs(lo, p + 1, [&](int c0, int c1) {
                         const uint8_t* rows = kv.k_row(il, s, c0) + hk * k_head;
-                        if (qt != Type::F16 || !attention_scores_f16(rows, kv.row_k, c1 - c0, hd_k, qf, hd_k, nh, sc.data() + c0, n_kv,
-                                                                     qf + (size_t)nh * hd_k))
+                        if (!attention_scores(kv.type_k, rows, kv.row_k, c1 - c0, hd_k, qc.data(), q_row, nh, sc.data() + c0, n_kv,
+                                              deq + hd_v))
                             matmul_rows(kv.type_k, rows, kv.row_k, hd_k, 0, c1 - c0, qc.data(), q_row, nh, sc.data() + c0, n_kv);
                     });
                     for (int j = 0; j < nh; j++) softmax_scaled(sc.data() + (size_t)j * n_kv + lo, p + 1 - lo, hp.attn_scale, round_p);
