@@ -1898,6 +1898,8 @@ struct IsaKernels {
 #define LLM_AVX512_FN __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq")))
 #define LLM_AVX512VNNI_FN __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
 #define LLM_AVX512_INLINE __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq"), always_inline)) inline
+#define LLM_AVX512VNNI_INLINE \
+    __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni"), always_inline)) inline
 // GCC 12 warns about the _mm512_undefined_* inside its 512-bit conversion and broadcast intrinsics
 // (a false alarm); the 512-bit kernels are wrapped in these.
 #define LLM_AVX512_WARNINGS_OFF                                                                    \
@@ -3160,31 +3162,55 @@ inline WeightedSumHeadsFn weighted_sum_heads_fn(Type t, int heads) {
 
 #ifdef LLM_X86
 namespace qimpl {
-// Attention scores on an f16 cache for query heads in pairs: out[h * out_stride + r] = row r . q_h.
-// Each 512-bit register holds the 8-lane sums of two heads, so a row is converted once for all
-// heads and each fma serves two; every dot product keeps the f16 tile's 8-lane order and final sum
-// (tile<K_f16>), so the scores are bit-identical to matmul_rows'. qp: the queries rounded to f16,
-// as floats, in pairs (see attention_scores_f16); dim a multiple of 8.
+// Attention scores for query heads in pairs: out[h * out_stride + r] = row r . q_h. Each 512-bit
+// register holds the 8-lane sums of two heads, so a row is converted once for all heads and each
+// instruction serves two; every dot product keeps the row tile's 8 lanes, order and final sum, so
+// the scores are bit-identical to matmul_rows'. qp: the queries in pairs (see attention_scores).
+// f16 cache, f16 queries as floats: 8 values per step, 8 floats of each head.
+struct ScoresF16 {
+    static constexpr int kValues = 8;
+    template <int NP>
+    static LLM_AVX512VNNI_INLINE void add(const uint8_t* row, int64_t d, int64_t dim, const float* qp, __m512* acc) {
+        const __m512 kv = _mm512_cvtph_ps(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)((const uint16_t*)row + d))));
+#pragma GCC unroll 4
+        for (int p = 0; p < NP; p++) acc[p] = _mm512_fmadd_ps(kv, _mm512_loadu_ps(qp + (p * dim + d) * 2), acc[p]);
+    }
+};
+// q8_0 cache, q8_0 queries: per block the four-byte integer sums (|k| times q with k's sign), then
+// d_k * d_q and one fma per lane; qp per pair and block: the two heads' 32 quants (64 bytes), then
+// 8 x d_q of each head.
+struct ScoresQ8_0 {
+    static constexpr int kValues = 32;
+    template <int NP>
+    static LLM_AVX512VNNI_INLINE void add(const uint8_t* row, int64_t d, int64_t dim, const float* qp, __m512* acc) {
+        const block_q8_0& kb = ((const block_q8_0*)row)[d / 32];
+        const __m512i k = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i*)kb.qs));
+        const __mmask64 neg = _mm512_movepi8_mask(k);
+        const __m512i ka = _mm512_abs_epi8(k);
+        const __m512 dk = _mm512_set1_ps(fp16_to_fp32(kb.d));
+#pragma GCC unroll 4
+        for (int p = 0; p < NP; p++) {
+            const float* blk = qp + (p * (dim / 32) + d / 32) * 32;
+            const __m512i q = _mm512_loadu_si512(blk);
+            const __m512i sum = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ka, _mm512_mask_sub_epi8(q, neg, _mm512_setzero_si512(), q));
+            acc[p] = _mm512_fmadd_ps(_mm512_mul_ps(dk, _mm512_loadu_ps(blk + 16)), _mm512_cvtepi32_ps(sum), acc[p]);
+        }
+    }
+};
 LLM_AVX512_WARNINGS_OFF
-// Four rows at a time: a head's sum over one row is a chain of dependent fmas, so several rows give
+// NR rows at a time: a head's sum over one row is a chain of dependent fmas, so several rows give
 // the core independent chains to overlap.
-template <int NP, int NR>
-LLM_AVX512_FN void scores_f16_rows(const uint8_t* rows, size_t stride, int64_t dim, const float* qp, int heads, float* out,
+template <class S, int NP, int NR>
+LLM_AVX512VNNI_FN void scores_rows(const uint8_t* rows, size_t stride, int64_t dim, const float* qp, int heads, float* out,
                                    int64_t out_stride) {
     __m512 acc[NR][NP];
 #pragma GCC unroll 4
     for (int i = 0; i < NR; i++)
 #pragma GCC unroll 4
         for (int p = 0; p < NP; p++) acc[i][p] = _mm512_setzero_ps();
-    for (int64_t d = 0; d < dim; d += 8) {
+    for (int64_t d = 0; d < dim; d += S::kValues)
 #pragma GCC unroll 4
-        for (int i = 0; i < NR; i++) {
-            const uint16_t* k = (const uint16_t*)(rows + i * stride);
-            const __m512 kv = _mm512_cvtph_ps(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)(k + d))));
-#pragma GCC unroll 4
-            for (int p = 0; p < NP; p++) acc[i][p] = _mm512_fmadd_ps(kv, _mm512_loadu_ps(qp + (p * dim + d) * 2), acc[i][p]);
-        }
-    }
+        for (int i = 0; i < NR; i++) S::template add<NP>(rows + i * stride, d, dim, qp, acc[i]);
 #pragma GCC unroll 4
     for (int i = 0; i < NR; i++)
 #pragma GCC unroll 4
@@ -3193,61 +3219,20 @@ LLM_AVX512_FN void scores_f16_rows(const uint8_t* rows, size_t stride, int64_t d
             if (2 * p + 1 < heads) out[(2 * p + 1) * out_stride + i] = hsum8(_mm512_extractf32x8_ps(acc[i][p], 1)) + 0.0f;
         }
 }
-template <int NP>
-LLM_AVX512_FN void scores_f16_pairs(const uint8_t* rows, size_t stride, int64_t n_rows, int64_t dim, const float* qp, int heads,
+LLM_AVX512_WARNINGS_ON
+template <class S, int NP>
+LLM_AVX512VNNI_FN void scores_pairs(const uint8_t* rows, size_t stride, int64_t n_rows, int64_t dim, const float* qp, int heads,
                                     float* out, int64_t out_stride) {
     int64_t r = 0;
-    for (; r + 4 <= n_rows; r += 4) scores_f16_rows<NP, 4>(rows + r * stride, stride, dim, qp, heads, out + r, out_stride);
-    for (; r < n_rows; r++) scores_f16_rows<NP, 1>(rows + r * stride, stride, dim, qp, heads, out + r, out_stride);
-}
-// The same on a q8_0 cache with q8_0 queries, bit-identical to tile<K_q8_0>: per block the 8 lanes
-// of four-byte integer sums (|k| times q with k's sign), then d_k * d_q and one fma per lane. qp, per
-// pair and block, 32 floats: the two heads' 32 quants (64 bytes), then 8 x d_q of each head.
-template <int NP, int NR>
-LLM_AVX512VNNI_FN void scores_q8_0_rows(const uint8_t* rows, size_t stride, int64_t nb, const float* qp, int heads, float* out,
-                                        int64_t out_stride) {
-    __m512 acc[NR][NP];
-#pragma GCC unroll 4
-    for (int i = 0; i < NR; i++)
-#pragma GCC unroll 4
-        for (int p = 0; p < NP; p++) acc[i][p] = _mm512_setzero_ps();
-    for (int64_t b = 0; b < nb; b++) {
-#pragma GCC unroll 4
-        for (int i = 0; i < NR; i++) {
-            const block_q8_0& kb = ((const block_q8_0*)(rows + i * stride))[b];
-            const __m512i k = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i*)kb.qs));
-            const __mmask64 neg = _mm512_movepi8_mask(k);
-            const __m512i ka = _mm512_abs_epi8(k);
-            const __m512 dk = _mm512_set1_ps(fp16_to_fp32(kb.d));
-#pragma GCC unroll 4
-            for (int p = 0; p < NP; p++) {
-                const float* blk = qp + (p * nb + b) * 32;
-                const __m512i q = _mm512_loadu_si512(blk);
-                const __m512i sum = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ka, _mm512_mask_sub_epi8(q, neg, _mm512_setzero_si512(), q));
-                acc[i][p] = _mm512_fmadd_ps(_mm512_mul_ps(dk, _mm512_loadu_ps(blk + 16)), _mm512_cvtepi32_ps(sum), acc[i][p]);
-            }
-        }
-    }
-#pragma GCC unroll 4
-    for (int i = 0; i < NR; i++)
-#pragma GCC unroll 4
-        for (int p = 0; p < NP; p++) {
-            out[2 * p * out_stride + i] = hsum8(_mm512_castps512_ps256(acc[i][p])) + 0.0f;
-            if (2 * p + 1 < heads) out[(2 * p + 1) * out_stride + i] = hsum8(_mm512_extractf32x8_ps(acc[i][p], 1)) + 0.0f;
-        }
-}
-template <int NP>
-LLM_AVX512VNNI_FN void scores_q8_0_pairs(const uint8_t* rows, size_t stride, int64_t n_rows, int64_t dim, const float* qp, int heads,
-                                         float* out, int64_t out_stride) {
-    int64_t r = 0;
-    for (; r + 4 <= n_rows; r += 4) scores_q8_0_rows<NP, 4>(rows + r * stride, stride, dim / 32, qp, heads, out + r, out_stride);
-    for (; r < n_rows; r++) scores_q8_0_rows<NP, 1>(rows + r * stride, stride, dim / 32, qp, heads, out + r, out_stride);
+    for (; r + 4 <= n_rows; r += 4) scores_rows<S, NP, 4>(rows + r * stride, stride, dim, qp, heads, out + r, out_stride);
+    for (; r < n_rows; r++) scores_rows<S, NP, 1>(rows + r * stride, stride, dim, qp, heads, out + r, out_stride);
 }
 using ScoresFn = void (*)(const uint8_t*, size_t, int64_t, int64_t, const float*, int, float*, int64_t);
-LLM_AVX512_WARNINGS_ON
 inline ScoresFn scores_pairs_fn(Type t, int pairs) {
-    static const ScoresFn f16[] = {scores_f16_pairs<1>, scores_f16_pairs<2>, scores_f16_pairs<3>, scores_f16_pairs<4>};
-    static const ScoresFn q8_0[] = {scores_q8_0_pairs<1>, scores_q8_0_pairs<2>, scores_q8_0_pairs<3>, scores_q8_0_pairs<4>};
+    static const ScoresFn f16[] = {scores_pairs<ScoresF16, 1>, scores_pairs<ScoresF16, 2>, scores_pairs<ScoresF16, 3>,
+                                   scores_pairs<ScoresF16, 4>};
+    static const ScoresFn q8_0[] = {scores_pairs<ScoresQ8_0, 1>, scores_pairs<ScoresQ8_0, 2>, scores_pairs<ScoresQ8_0, 3>,
+                                    scores_pairs<ScoresQ8_0, 4>};
     return (t == Type::F16 ? f16 : q8_0)[pairs - 1];
 }
 } // namespace qimpl
@@ -3260,7 +3245,7 @@ inline ScoresFn scores_pairs_fn(Type t, int pairs) {
 bool attention_scores(Type kt, const uint8_t* rows, size_t stride, int64_t n_rows, int64_t dim, const uint8_t* qc, size_t q_row,
                       int heads, float* out, int64_t out_stride, float* scratch) {
 #ifdef LLM_X86
-    if (isa_current() != Isa::AVX512 || !(kt == Type::F16 || (kt == Type::Q8_0 && qimpl::cpu().vnni)) || dim % 32) return false;
+    if (isa_current() != Isa::AVX512 || !qimpl::cpu().vnni || (kt != Type::F16 && kt != Type::Q8_0) || dim % 32) return false;
     // Queries in pairs of heads (zeros past the last). f16: for each 8 values, 8 floats of the first
     // head then 8 of the second; q8_0: per block, the two heads' quants, then their scales 8 times.
     for (int h = 0; h < heads; h += 2) {
