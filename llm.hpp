@@ -174,7 +174,7 @@ std::string isa_name(Isa isa);
 // the operand of vpdpbusd against four broadcast activation bytes, so a row group is multiplied by a
 // column without any horizontal sums. A group keeps exactly the bytes of its 16 rows (tensor sizes
 // and expert offsets do not change), and the repacking is lossless (deinterleave gives the file's
-// bytes back). Types: Q4_K, Q5_K, Q6_K, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL.
+// bytes back). Types: Q3_K, Q4_K, Q5_K, Q6_K, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL.
 constexpr int kInterleaveRows = 16;
 bool interleave_supported(Type t, int64_t k, int64_t rows);  // this type and shape, on this CPU and ISA
 void interleave_rows16(Type t, const uint8_t* src, uint8_t* dst, int64_t k, int64_t rows);
@@ -777,6 +777,17 @@ struct block_q6_K_x16 {
     uint8_t ql[32][64], qh[16][64];
 };
 
+// Q3_K: the 16-value sub-blocks' 6-bit scales (+32), numbered e = pair * 32 + row * 2 + (sub-block
+// % 2) and stored as Q4_K's are (low nibble of lo[e % 128] or high for e >= 128, top two bits at
+// 2 * (e / 64) of hi[e % 64]); value + 4 (0..7) as its low two bits in ql (as Q6_K's qh) and the
+// third bit as a mask per group (bit 4 * row + j).
+struct block_q3_K_x16 {
+    uint16_t d[16];
+    uint8_t scales_lo[128], scales_hi[64];
+    uint8_t ql[16][64];
+    uint64_t qh[64];
+};
+
 // 32-value types interleaved: the 16 rows' scales (and mins), then four-value groups g = 0..7 (values
 // 4g..4g+3) of the 16 rows as unsigned bytes: 4-bit types keep a row's nibble bytes as they are (low
 // nibble: group c, high: group c + 4 of qs[c]), Q5 types add the fifth bits of group g as a 64-bit
@@ -787,7 +798,7 @@ struct block_q5_0_x16 { uint16_t d[16]; uint64_t qh[8]; uint8_t qs[4][64]; };
 struct block_q5_1_x16 { uint16_t d[16], m[16]; uint64_t qh[8]; uint8_t qs[4][64]; };
 struct block_q8_0_x16 { uint16_t d[16]; uint8_t qs[8][64]; };
 static_assert(sizeof(block_q4_K_x16) == 16 * sizeof(block_q4_K) && sizeof(block_q5_K_x16) == 16 * sizeof(block_q5_K) &&
-              sizeof(block_q6_K_x16) == 16 * sizeof(block_q6_K) &&
+              sizeof(block_q6_K_x16) == 16 * sizeof(block_q6_K) && sizeof(block_q3_K_x16) == 16 * sizeof(block_q3_K) &&
               sizeof(block_q4_0_x16) == 16 * sizeof(block_q4_0) &&
               sizeof(block_q4_1_x16) == 16 * sizeof(block_q4_1) && sizeof(block_q5_0_x16) == 16 * sizeof(block_q5_0) &&
               sizeof(block_q5_1_x16) == 16 * sizeof(block_q5_1) && sizeof(block_q8_0_x16) == 16 * sizeof(block_q8_0),
@@ -2637,6 +2648,57 @@ inline void deinterleave_q6_K(const block_q6_K_x16& y, int r, block_q6_K& x) {
     }
 }
 
+// Q3_K: in a row, values 128n + 32j + l (l = 0..31) have their low two bits at bit 2j of
+// qs[32n + l] and their third bit at bit 4n + j of hmask[l]; scales as unpack_scales_q3k reads them.
+inline int q3_K_scale_elt(int sb, int r) { return (sb / 2) * 32 + r * 2 + sb % 2; }
+inline void interleave_q3_K(const block_q3_K& x, int r, block_q3_K_x16& y) {
+    y.d[r] = x.d;
+    int8_t sc[16];
+    unpack_scales_q3k(x.scales, sc);
+    for (int sb = 0; sb < 16; sb++) {
+        const int e = q3_K_scale_elt(sb, r);
+        const uint8_t v = (uint8_t)(sc[sb] + 32);
+        y.scales_lo[e % 128] |= (uint8_t)((v & 15) << (4 * (e / 128)));
+        y.scales_hi[e % 64] |= (uint8_t)((v >> 4) << (2 * (e / 64)));
+    }
+    for (int g = 0; g < 64; g++) {
+        const int n = g / 32, j = (g % 32) / 8, l = 4 * (g % 8);
+        uint32_t lo, hm, a;
+        memcpy(&lo, x.qs + 32 * n + l, 4);
+        memcpy(&hm, x.hmask + l, 4);
+        memcpy(&a, y.ql[g % 16] + 4 * r, 4);
+        a |= ((lo >> (2 * j)) & 0x03030303) << (2 * (g / 16));
+        memcpy(y.ql[g % 16] + 4 * r, &a, 4);
+        const uint32_t m = (hm >> (4 * n + j)) & 0x01010101;  // one bit per byte -> four bits
+        y.qh[g] |= (uint64_t)((m | m >> 7 | m >> 14 | m >> 21) & 15) << (4 * r);
+    }
+}
+inline void deinterleave_q3_K(const block_q3_K_x16& y, int r, block_q3_K& x) {
+    x.d = y.d[r];
+    memset(x.scales, 0, sizeof x.scales);
+    memset(x.qs, 0, sizeof x.qs);
+    memset(x.hmask, 0, sizeof x.hmask);
+    for (int sb = 0; sb < 16; sb++) {
+        const int e = q3_K_scale_elt(sb, r);
+        const int v = ((y.scales_lo[e % 128] >> (4 * (e / 128))) & 15) | (((y.scales_hi[e % 64] >> (2 * (e / 64))) & 3) << 4);
+        // the packing unpack_scales_q3k reads: low nibbles in bytes 0..7, top bits in bytes 8..11
+        x.scales[sb % 8] |= (uint8_t)((v & 15) << (4 * (sb / 8)));
+        x.scales[8 + sb % 4] |= (uint8_t)((v >> 4) << (2 * (sb / 4)));
+    }
+    for (int g = 0; g < 64; g++) {
+        const int n = g / 32, j = (g % 32) / 8, l = 4 * (g % 8);
+        uint32_t a, lo, hm;
+        memcpy(&a, y.ql[g % 16] + 4 * r, 4);
+        memcpy(&lo, x.qs + 32 * n + l, 4);
+        memcpy(&hm, x.hmask + l, 4);
+        lo |= ((a >> (2 * (g / 16))) & 0x03030303) << (2 * j);
+        const uint32_t bits = (uint32_t)(y.qh[g] >> (4 * r)) & 15;
+        hm |= ((bits & 1) | (bits & 2) << 7 | (bits & 4) << 14 | (bits & 8) << 21) << (4 * n + j);
+        memcpy(x.qs + 32 * n + l, &lo, 4);
+        memcpy(x.hmask + l, &hm, 4);
+    }
+}
+
 // The 32-value types: 4-bit types copy a row's four nibble bytes of group c, c + 4 as they are.
 template <class X, class G>
 inline void interleave_b32(const X& x, int r, G& g) {
@@ -2774,39 +2836,67 @@ LLM_AVX512VNNI_FN void tile16_q45_K(int64_t k, const uint8_t* W, const uint8_t* 
     for (int c = 0; c < NC; c++) _mm512_storeu_ps(out + c * ld, _mm512_sub_ps(acc[c], accm[c]));
 }
 
-// 16 interleaved Q6_K rows times NC q8_K columns. The quants are stored value + 32 (0..63), so per
-// 16-value sub-block the exact dot product is dot(u, y) scaled in int32, and 32 * sum(scale * bsum)
-// comes off the block's sum once (the activation's bsums are its 16-value sums); then d_x * d_y and
-// one fma per block, as ggml.
-template <int NC>
-LLM_AVX512VNNI_FN void tile16_q6_K(int64_t k, const uint8_t* W, const uint8_t* A, size_t as, const float*, int64_t,
-                                   const int32_t*, float* out, int64_t ld) {
+// The 16-value-sub-block K-quants: Q6_K (value + 32, 0..63) and Q3_K (value + 4, 0..7). Each gives
+// its rows' scales as signed int16 pairs (sub-blocks 2p, 2p + 1) and a group's 16 x 4 unsigned values.
+struct I16Q6K {
+    using G = block_q6_K_x16;
+    static constexpr int kOffsetShift = 5;
+    static LLM_AVX512_INLINE void scales(const G& B, __m512i sc16[8]) {
+        for (int p = 0; p < 8; p++) sc16[p] = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i*)B.scales[p]));
+    }
+    static LLM_AVX512_INLINE __m512i group(const G& B, int g) {
+        const __m512i lo = _mm512_srli_epi16(_mm512_loadu_si512(B.ql[g % 32]), 4 * (g / 32));
+        const __m512i hi = _mm512_loadu_si512(B.qh[g % 16]);
+        const int up = 4 - 2 * (g / 16);  // bring the group's two bits to bits 4-5
+        const __m512i top = up >= 0 ? _mm512_slli_epi16(hi, up) : _mm512_srli_epi16(hi, -up);
+        return _mm512_or_si512(_mm512_and_si512(lo, _mm512_set1_epi8(0x0F)), _mm512_and_si512(top, _mm512_set1_epi8(0x30)));
+    }
+};
+struct I16Q3K {
+    using G = block_q3_K_x16;
+    static constexpr int kOffsetShift = 2;
+    static LLM_AVX512_INLINE void scales(const G& B, __m512i sc16[8]) {
+        alignas(64) uint8_t sc[256];
+        const __m512i m4 = _mm512_set1_epi8(0x0F), m2 = _mm512_set1_epi8(3), hi = _mm512_loadu_si512(B.scales_hi);
+        for (int q = 0; q < 4; q++) {
+            const __m512i lo = _mm512_loadu_si512(B.scales_lo + 64 * (q % 2));
+            const __m512i low = _mm512_and_si512(q < 2 ? lo : _mm512_srli_epi16(lo, 4), m4);
+            const __m512i top = _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(hi, 2 * q), m2), 4);
+            _mm512_store_si512(sc + 64 * q, _mm512_or_si512(low, top));
+        }
+        for (int p = 0; p < 8; p++)
+            sc16[p] = _mm512_sub_epi16(_mm512_cvtepu8_epi16(_mm256_load_si256((const __m256i*)(sc + 32 * p))), _mm512_set1_epi16(32));
+    }
+    static LLM_AVX512_INLINE __m512i group(const G& B, int g) {
+        const __m512i lo = _mm512_and_si512(_mm512_srli_epi16(_mm512_loadu_si512(B.ql[g % 16]), 2 * (g / 16)), _mm512_set1_epi8(3));
+        return _mm512_mask_add_epi8(lo, (__mmask64)B.qh[g], lo, _mm512_set1_epi8(4));
+    }
+};
+// 16 interleaved rows of such a type times NC q8_K columns: per 16-value sub-block the exact dot
+// product dot(u, y) scaled in int32, and offset * sum(scale * bsum) off the block's sum once (the
+// activation's bsums are its 16-value sums); then d_x * d_y and one fma per block, as ggml.
+template <class T, int NC>
+LLM_AVX512VNNI_FN void tile16_k16(int64_t k, const uint8_t* W, const uint8_t* A, size_t as, const float*, int64_t,
+                                  const int32_t*, float* out, int64_t ld) {
+    using G = typename T::G;
     const int64_t nb = k / QK_K;
-    const block_q6_K_x16* x = (const block_q6_K_x16*)W;
-    const __m512i m4 = _mm512_set1_epi8(0x0F), m3 = _mm512_set1_epi8(0x30);
+    const G* x = (const G*)W;
     __m512 acc[NC];
 #pragma GCC unroll 8
     for (int c = 0; c < NC; c++) acc[c] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
-        const block_q6_K_x16& B = x[b];
+        const G& B = x[b];
         const block_q8_K* y[NC];
         __m512i isum[NC];
 #pragma GCC unroll 8
         for (int c = 0; c < NC; c++) y[c] = (const block_q8_K*)(A + c * as) + b, isum[c] = _mm512_setzero_si512();
-        __m512i sc16[8];  // int16 scale pairs per row
-        for (int p = 0; p < 8; p++) sc16[p] = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i*)B.scales[p]));
+        __m512i sc16[8];
+        T::scales(B, sc16);
         for (int sb = 0; sb < 16; sb++) {
             prefetch_ahead<sizeof(B) / 16>((const char*)&B + sb * (sizeof(B) / 16));
             __m512i u[4];
 #pragma GCC unroll 4
-            for (int j = 0; j < 4; j++) {
-                const int g = 4 * sb + j;
-                const __m512i lo = _mm512_srli_epi16(_mm512_loadu_si512(B.ql[g % 32]), 4 * (g / 32));
-                const __m512i hi = _mm512_loadu_si512(B.qh[g % 16]);
-                const int up = 4 - 2 * (g / 16);  // bring the group's two bits to bits 4-5
-                const __m512i top = up >= 0 ? _mm512_slli_epi16(hi, up) : _mm512_srli_epi16(hi, -up);
-                u[j] = _mm512_or_si512(_mm512_and_si512(lo, m4), _mm512_and_si512(top, m3));
-            }
+            for (int j = 0; j < 4; j++) u[j] = T::group(B, 4 * sb + j);
             const __m512i scale = sb % 2 ? _mm512_srai_epi32(sc16[sb / 2], 16) : _mm512_srai_epi32(_mm512_slli_epi32(sc16[sb / 2], 16), 16);
 #pragma GCC unroll 8
             for (int c = 0; c < NC; c++) {
@@ -2829,7 +2919,7 @@ LLM_AVX512VNNI_FN void tile16_q6_K(int64_t k, const uint8_t* W, const uint8_t* A
                 memcpy(&pair, y[c]->bsums + 2 * p, 4);
                 off = _mm512_dpwssd_epi32(off, sc16[p], _mm512_set1_epi32(pair));
             }
-            const __m512i sumi = _mm512_sub_epi32(isum[c], _mm512_slli_epi32(off, 5));
+            const __m512i sumi = _mm512_sub_epi32(isum[c], _mm512_slli_epi32(off, T::kOffsetShift));
             acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sumi), _mm512_mul_ps(dx, _mm512_set1_ps(y[c]->d)), acc[c]);
         }
     }
@@ -2927,18 +3017,20 @@ InterleavedType interleaved_q45_K() {
             {}};
 #endif
 }
+template <class X, class G, void (*In)(const X&, int, G&), void (*Out)(const G&, int, X&), class T>
+InterleavedType interleaved_k16() {
+    return {false, interleave_group<X, G, In>, deinterleave_group<X, G, Out>,
+#ifdef LLM_X86
+            {tile16_k16<T, 1>, tile16_k16<T, 2>, tile16_k16<T, 4>, tile16_k16<T, 8>}};
+#else
+            {}};
+#endif
+}
 inline const InterleavedType* interleaved_type(Type t) {
     static const InterleavedType q4_K = interleaved_q45_K<block_q4_K, block_q4_K_x16>();
     static const InterleavedType q5_K = interleaved_q45_K<block_q5_K, block_q5_K_x16>();
-    static const InterleavedType q6_K = {
-        false, interleave_group<block_q6_K, block_q6_K_x16, interleave_q6_K>,
-        deinterleave_group<block_q6_K, block_q6_K_x16, deinterleave_q6_K>,
-#ifdef LLM_X86
-        {tile16_q6_K<1>, tile16_q6_K<2>, tile16_q6_K<4>, tile16_q6_K<8>},
-#else
-        {},
-#endif
-    };
+    static const InterleavedType q6_K = interleaved_k16<block_q6_K, block_q6_K_x16, interleave_q6_K, deinterleave_q6_K, I16Q6K>();
+    static const InterleavedType q3_K = interleaved_k16<block_q3_K, block_q3_K_x16, interleave_q3_K, deinterleave_q3_K, I16Q3K>();
     static const InterleavedType q4_0 = interleaved_b32<block_q4_0, block_q4_0_x16, 8, false>();
     static const InterleavedType q4_1 = interleaved_b32<block_q4_1, block_q4_1_x16, 0, false>();
     static const InterleavedType q5_0 = interleaved_b32<block_q5_0, block_q5_0_x16, 16, false>();
@@ -2949,6 +3041,7 @@ inline const InterleavedType* interleaved_type(Type t) {
     case Type::Q4_K: return &q4_K;
     case Type::Q5_K: return &q5_K;
     case Type::Q6_K: return &q6_K;
+    case Type::Q3_K: return &q3_K;
     case Type::Q4_0: return &q4_0;
     case Type::Q4_1: return &q4_1;
     case Type::Q5_0: return &q5_0;
