@@ -174,7 +174,7 @@ std::string isa_name(Isa isa);
 // the operand of vpdpbusd against four broadcast activation bytes, so a row group is multiplied by a
 // column without any horizontal sums. A group keeps exactly the bytes of its 16 rows (tensor sizes
 // and expert offsets do not change), and the repacking is lossless (deinterleave gives the file's
-// bytes back). Types: Q3_K, Q4_K, Q5_K, Q6_K, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL.
+// bytes back). Types: Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL.
 constexpr int kInterleaveRows = 16;
 bool interleave_supported(Type t, int64_t k, int64_t rows);  // this type and shape, on this CPU and ISA
 void interleave_rows16(Type t, const uint8_t* src, uint8_t* dst, int64_t k, int64_t rows);
@@ -788,6 +788,14 @@ struct block_q3_K_x16 {
     uint64_t qh[64];
 };
 
+// Q2_K: d and dmin per row, the scale/min bytes of the 16 sub-blocks numbered as Q3_K's scales, and
+// the two-bit values in ql as Q3_K's low bits.
+struct block_q2_K_x16 {
+    uint16_t d[16], dmin[16];
+    uint8_t scales[256];
+    uint8_t ql[16][64];
+};
+
 // 32-value types interleaved: the 16 rows' scales (and mins), then four-value groups g = 0..7 (values
 // 4g..4g+3) of the 16 rows as unsigned bytes: 4-bit types keep a row's nibble bytes as they are (low
 // nibble: group c, high: group c + 4 of qs[c]), Q5 types add the fifth bits of group g as a 64-bit
@@ -799,6 +807,7 @@ struct block_q5_1_x16 { uint16_t d[16], m[16]; uint64_t qh[8]; uint8_t qs[4][64]
 struct block_q8_0_x16 { uint16_t d[16]; uint8_t qs[8][64]; };
 static_assert(sizeof(block_q4_K_x16) == 16 * sizeof(block_q4_K) && sizeof(block_q5_K_x16) == 16 * sizeof(block_q5_K) &&
               sizeof(block_q6_K_x16) == 16 * sizeof(block_q6_K) && sizeof(block_q3_K_x16) == 16 * sizeof(block_q3_K) &&
+              sizeof(block_q2_K_x16) == 16 * sizeof(block_q2_K) &&
               sizeof(block_q4_0_x16) == 16 * sizeof(block_q4_0) &&
               sizeof(block_q4_1_x16) == 16 * sizeof(block_q4_1) && sizeof(block_q5_0_x16) == 16 * sizeof(block_q5_0) &&
               sizeof(block_q5_1_x16) == 16 * sizeof(block_q5_1) && sizeof(block_q8_0_x16) == 16 * sizeof(block_q8_0),
@@ -2651,6 +2660,36 @@ inline void deinterleave_q6_K(const block_q6_K_x16& y, int r, block_q6_K& x) {
 // Q3_K: in a row, values 128n + 32j + l (l = 0..31) have their low two bits at bit 2j of
 // qs[32n + l] and their third bit at bit 4n + j of hmask[l]; scales as unpack_scales_q3k reads them.
 inline int q3_K_scale_elt(int sb, int r) { return (sb / 2) * 32 + r * 2 + sb % 2; }
+// The two low bits of group g (values 4g..4g+3) of row r between a Q2_K/Q3_K row's qs and ql.
+inline void put_low2(const uint8_t* qs, int g, int r, uint8_t (*ql)[64]) {
+    const int n = g / 32, j = (g % 32) / 8, l = 4 * (g % 8);
+    uint32_t lo, a;
+    memcpy(&lo, qs + 32 * n + l, 4);
+    memcpy(&a, ql[g % 16] + 4 * r, 4);
+    a |= ((lo >> (2 * j)) & 0x03030303) << (2 * (g / 16));
+    memcpy(ql[g % 16] + 4 * r, &a, 4);
+}
+inline void get_low2(const uint8_t (*ql)[64], int g, int r, uint8_t* qs) {
+    const int n = g / 32, j = (g % 32) / 8, l = 4 * (g % 8);
+    uint32_t a, lo;
+    memcpy(&a, ql[g % 16] + 4 * r, 4);
+    memcpy(&lo, qs + 32 * n + l, 4);
+    lo |= ((a >> (2 * (g / 16))) & 0x03030303) << (2 * j);
+    memcpy(qs + 32 * n + l, &lo, 4);
+}
+inline void interleave_q2_K(const block_q2_K& x, int r, block_q2_K_x16& y) {
+    y.d[r] = x.d;
+    y.dmin[r] = x.dmin;
+    for (int sb = 0; sb < 16; sb++) y.scales[q3_K_scale_elt(sb, r)] = x.scales[sb];
+    for (int g = 0; g < 64; g++) put_low2(x.qs, g, r, y.ql);
+}
+inline void deinterleave_q2_K(const block_q2_K_x16& y, int r, block_q2_K& x) {
+    x.d = y.d[r];
+    x.dmin = y.dmin[r];
+    for (int sb = 0; sb < 16; sb++) x.scales[sb] = y.scales[q3_K_scale_elt(sb, r)];
+    memset(x.qs, 0, sizeof x.qs);
+    for (int g = 0; g < 64; g++) get_low2(y.ql, g, r, x.qs);
+}
 inline void interleave_q3_K(const block_q3_K& x, int r, block_q3_K_x16& y) {
     y.d[r] = x.d;
     int8_t sc[16];
@@ -2662,13 +2701,10 @@ inline void interleave_q3_K(const block_q3_K& x, int r, block_q3_K_x16& y) {
         y.scales_hi[e % 64] |= (uint8_t)((v >> 4) << (2 * (e / 64)));
     }
     for (int g = 0; g < 64; g++) {
+        put_low2(x.qs, g, r, y.ql);
         const int n = g / 32, j = (g % 32) / 8, l = 4 * (g % 8);
-        uint32_t lo, hm, a;
-        memcpy(&lo, x.qs + 32 * n + l, 4);
+        uint32_t hm;
         memcpy(&hm, x.hmask + l, 4);
-        memcpy(&a, y.ql[g % 16] + 4 * r, 4);
-        a |= ((lo >> (2 * j)) & 0x03030303) << (2 * (g / 16));
-        memcpy(y.ql[g % 16] + 4 * r, &a, 4);
         const uint32_t m = (hm >> (4 * n + j)) & 0x01010101;  // one bit per byte -> four bits
         y.qh[g] |= (uint64_t)((m | m >> 7 | m >> 14 | m >> 21) & 15) << (4 * r);
     }
@@ -2686,15 +2722,12 @@ inline void deinterleave_q3_K(const block_q3_K_x16& y, int r, block_q3_K& x) {
         x.scales[8 + sb % 4] |= (uint8_t)((v >> 4) << (2 * (sb / 4)));
     }
     for (int g = 0; g < 64; g++) {
+        get_low2(y.ql, g, r, x.qs);
         const int n = g / 32, j = (g % 32) / 8, l = 4 * (g % 8);
-        uint32_t a, lo, hm;
-        memcpy(&a, y.ql[g % 16] + 4 * r, 4);
-        memcpy(&lo, x.qs + 32 * n + l, 4);
+        uint32_t hm;
         memcpy(&hm, x.hmask + l, 4);
-        lo |= ((a >> (2 * (g / 16))) & 0x03030303) << (2 * j);
         const uint32_t bits = (uint32_t)(y.qh[g] >> (4 * r)) & 15;
         hm |= ((bits & 1) | (bits & 2) << 7 | (bits & 4) << 14 | (bits & 8) << 21) << (4 * n + j);
-        memcpy(x.qs + 32 * n + l, &lo, 4);
         memcpy(x.hmask + l, &hm, 4);
     }
 }
@@ -2836,8 +2869,9 @@ LLM_AVX512VNNI_FN void tile16_q45_K(int64_t k, const uint8_t* W, const uint8_t* 
     for (int c = 0; c < NC; c++) _mm512_storeu_ps(out + c * ld, _mm512_sub_ps(acc[c], accm[c]));
 }
 
-// The 16-value-sub-block K-quants: Q6_K (value + 32, 0..63) and Q3_K (value + 4, 0..7). Each gives
-// its rows' scales as signed int16 pairs (sub-blocks 2p, 2p + 1) and a group's 16 x 4 unsigned values.
+// The 16-value-sub-block K-quants: Q6_K (value + 32, 0..63), Q3_K (value + 4, 0..7) and Q2_K (0..3
+// with mins). Each gives its rows' scales as int16 pairs (sub-blocks 2p, 2p + 1) and a group's
+// 16 x 4 unsigned values.
 struct I16Q6K {
     using G = block_q6_K_x16;
     static constexpr int kOffsetShift = 5;
@@ -2872,26 +2906,43 @@ struct I16Q3K {
         return _mm512_mask_add_epi8(lo, (__mmask64)B.qh[g], lo, _mm512_set1_epi8(4));
     }
 };
+struct I16Q2K {  // unsigned 0..3 with a scale and a min per sub-block (no offset)
+    using G = block_q2_K_x16;
+    static constexpr int kOffsetShift = 0;
+    static LLM_AVX512_INLINE void scales(const G& B, __m512i sc16[8]) {
+        for (int p = 0; p < 8; p++)
+            sc16[p] = _mm512_and_si512(_mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)(B.scales + 32 * p))), _mm512_set1_epi16(15));
+    }
+    static LLM_AVX512_INLINE void mins(const G& B, __m512i mn16[8]) {
+        for (int p = 0; p < 8; p++) mn16[p] = _mm512_srli_epi16(_mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)(B.scales + 32 * p))), 4);
+    }
+    static LLM_AVX512_INLINE __m512i group(const G& B, int g) {
+        return _mm512_and_si512(_mm512_srli_epi16(_mm512_loadu_si512(B.ql[g % 16]), 2 * (g / 16)), _mm512_set1_epi8(3));
+    }
+};
 // 16 interleaved rows of such a type times NC q8_K columns: per 16-value sub-block the exact dot
 // product dot(u, y) scaled in int32, and offset * sum(scale * bsum) off the block's sum once (the
-// activation's bsums are its 16-value sums); then d_x * d_y and one fma per block, as ggml.
+// activation's bsums are its 16-value sums); then d_x * d_y and one fma per block, as ggml. Q2_K's
+// min term sum(min * bsum) goes to its own float sum with dmin_x * d_y, as in Q4_K.
 template <class T, int NC>
 LLM_AVX512VNNI_FN void tile16_k16(int64_t k, const uint8_t* W, const uint8_t* A, size_t as, const float*, int64_t,
                                   const int32_t*, float* out, int64_t ld) {
     using G = typename T::G;
     const int64_t nb = k / QK_K;
     const G* x = (const G*)W;
-    __m512 acc[NC];
+    constexpr bool kMins = std::is_same_v<T, I16Q2K>;
+    __m512 acc[NC], accm[NC];
 #pragma GCC unroll 8
-    for (int c = 0; c < NC; c++) acc[c] = _mm512_setzero_ps();
+    for (int c = 0; c < NC; c++) acc[c] = accm[c] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const G& B = x[b];
         const block_q8_K* y[NC];
         __m512i isum[NC];
 #pragma GCC unroll 8
         for (int c = 0; c < NC; c++) y[c] = (const block_q8_K*)(A + c * as) + b, isum[c] = _mm512_setzero_si512();
-        __m512i sc16[8];
+        __m512i sc16[8], mn16[8];
         T::scales(B, sc16);
+        if constexpr (kMins) T::mins(B, mn16);
         for (int sb = 0; sb < 16; sb++) {
             prefetch_ahead<sizeof(B) / 16>((const char*)&B + sb * (sizeof(B) / 16));
             __m512i u[4];
@@ -2917,14 +2968,21 @@ LLM_AVX512VNNI_FN void tile16_k16(int64_t k, const uint8_t* W, const uint8_t* A,
             for (int p = 0; p < 8; p++) {
                 int32_t pair;  // bsums of sub-blocks 2p and 2p + 1
                 memcpy(&pair, y[c]->bsums + 2 * p, 4);
-                off = _mm512_dpwssd_epi32(off, sc16[p], _mm512_set1_epi32(pair));
+                off = _mm512_dpwssd_epi32(off, kMins ? mn16[p] : sc16[p], _mm512_set1_epi32(pair));
             }
-            const __m512i sumi = _mm512_sub_epi32(isum[c], _mm512_slli_epi32(off, T::kOffsetShift));
-            acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sumi), _mm512_mul_ps(dx, _mm512_set1_ps(y[c]->d)), acc[c]);
+            const __m512 yd = _mm512_set1_ps(y[c]->d);
+            if constexpr (kMins) {
+                acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[c]), _mm512_mul_ps(dx, yd), acc[c]);
+                const __m512 mx = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)B.dmin));
+                accm[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(off), _mm512_mul_ps(mx, yd), accm[c]);
+            } else {
+                const __m512i sumi = _mm512_sub_epi32(isum[c], _mm512_slli_epi32(off, T::kOffsetShift));
+                acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sumi), _mm512_mul_ps(dx, yd), acc[c]);
+            }
         }
     }
 #pragma GCC unroll 8
-    for (int c = 0; c < NC; c++) _mm512_storeu_ps(out + c * ld, acc[c]);
+    for (int c = 0; c < NC; c++) _mm512_storeu_ps(out + c * ld, _mm512_sub_ps(acc[c], accm[c]));
 }
 
 // 16 interleaved rows of a 32-value type times NC q8_0 (q8_1 for Q4_1/Q5_1) columns. The weights are
@@ -3031,6 +3089,7 @@ inline const InterleavedType* interleaved_type(Type t) {
     static const InterleavedType q5_K = interleaved_q45_K<block_q5_K, block_q5_K_x16>();
     static const InterleavedType q6_K = interleaved_k16<block_q6_K, block_q6_K_x16, interleave_q6_K, deinterleave_q6_K, I16Q6K>();
     static const InterleavedType q3_K = interleaved_k16<block_q3_K, block_q3_K_x16, interleave_q3_K, deinterleave_q3_K, I16Q3K>();
+    static const InterleavedType q2_K = interleaved_k16<block_q2_K, block_q2_K_x16, interleave_q2_K, deinterleave_q2_K, I16Q2K>();
     static const InterleavedType q4_0 = interleaved_b32<block_q4_0, block_q4_0_x16, 8, false>();
     static const InterleavedType q4_1 = interleaved_b32<block_q4_1, block_q4_1_x16, 0, false>();
     static const InterleavedType q5_0 = interleaved_b32<block_q5_0, block_q5_0_x16, 16, false>();
@@ -3042,6 +3101,7 @@ inline const InterleavedType* interleaved_type(Type t) {
     case Type::Q5_K: return &q5_K;
     case Type::Q6_K: return &q6_K;
     case Type::Q3_K: return &q3_K;
+    case Type::Q2_K: return &q2_K;
     case Type::Q4_0: return &q4_0;
     case Type::Q4_1: return &q4_1;
     case Type::Q5_0: return &q5_0;

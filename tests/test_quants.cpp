@@ -377,7 +377,7 @@ TEST_CASE("quants: interleaved weights round-trip and multiply like their rows")
     IsaGuard guard;
     std::mt19937 rng(9);
     const int64_t k = 512, rows = 48, cols = 13, ld = rows + 3;
-    for (Type t : {Type::Q3_K, Type::Q4_K, Type::Q5_K, Type::Q6_K, Type::Q4_0, Type::Q4_1, Type::Q5_0, Type::Q5_1, Type::Q8_0, Type::IQ4_NL}) {
+    for (Type t : {Type::Q2_K, Type::Q3_K, Type::Q4_K, Type::Q5_K, Type::Q6_K, Type::Q4_0, Type::Q4_1, Type::Q5_0, Type::Q5_1, Type::Q8_0, Type::IQ4_NL}) {
         CAPTURE(llm::type_info(t).name);
         const Type at = llm::vec_dot_type(t);
         const size_t wrow = llm::row_bytes(t, k), arow = llm::row_bytes(at, k);
