@@ -70,6 +70,26 @@ TEST_CASE("cli: one-shot completion, bench and load reports") {
     CHECK(out.find("tg4") != std::string::npos);
 }
 
+TEST_CASE("cli: --no-repack gives the library's file-layout logits") {
+    const std::string path = "/tmp/llm-cli-norepack-" + std::to_string(getpid()) + ".f32";
+    std::string out;
+    REQUIRE(run("-m " + golden("tiny-llama-Q4_K-pure.gguf") + " --prompt-ids 5,6,7 --dump-logits " + path + " -t 1 --no-repack", &out) == 0);
+    std::string raw = testutil::read_file(path);
+    unlink(path.c_str());
+    llm::ModelOptions mo;
+    mo.interleave = false;
+    auto m = llm::Model::load(golden("tiny-llama-Q4_K-pure.gguf"), mo);
+    const size_t nv = m->hp.n_vocab;
+    REQUIRE(raw.size() == 3 * nv * sizeof(float));
+    llm::ContextParams cp;
+    cp.n_ctx = 64;
+    llm::Context ctx(*m, cp);
+    llm::Batch b;
+    for (int i = 0; i < 3; i++) b.add(5 + i, i, 0, true);
+    ctx.decode(b);
+    CHECK(memcmp(raw.data() + 2 * nv * sizeof(float), ctx.logits(2), nv * sizeof(float)) == 0);  // the same row kernels
+}
+
 TEST_CASE("cli: bad input is a clear error and a non-zero exit, never a crash") {
     std::string out;
     CHECK(run("-m /etc/os-release -p hi", &out) == 1);
