@@ -11,7 +11,7 @@
 //                            memory planning
 //   -- implementation (LLM_IMPLEMENTATION) --
 //   2. Utilities             errors, half/bfloat conversions, timing
-//   3. Block layouts         ggml's quantized blocks, byte for byte, and the type table
+//   3. Block layouts         ggml's quantized blocks, byte for byte, the type table, interleaved groups
 //   4. GGUF reader           mmap, bounds-checked parser, split files, metadata access
 //   5. Quantized rows        dequantization, activation/KV quantization, scalar dot products
 //   6. SIMD kernels          run-time dispatch (cpuid + XCR0), AVX2 / AVX-512 tiles, 16-row interleaved
@@ -725,7 +725,8 @@ inline double now_seconds() {
 }
 
 // ============================================================================================
-// 3. Block layouts (ggml's, byte for byte). QK_K-blocks are 256 values, the rest 32.
+// 3. Block layouts (ggml's, byte for byte; then our 16-row interleaved ones). QK_K-blocks are 256
+//    values, the rest 32.
 // ============================================================================================
 constexpr int QK4_0 = 32, QK4_1 = 32, QK5_0 = 32, QK5_1 = 32, QK8_0 = 32, QK8_1 = 32, QK4_NL = 32;
 constexpr int QK_K = 256, K_SCALE_SIZE = 12;
