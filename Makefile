@@ -1,7 +1,8 @@
 # llm.hpp build.
 #
 #   make              llm-server and llm-quantize (static, baseline x86-64; SIMD is picked at run time)
-#   make test         also builds tests/run and tests/consumer, then runs both from the repo root
+#   make test         also builds tests/run, tests/consumer and tests/consumer_portable (no SIMD),
+#                     then runs them from the repo root
 #                     (doctest options through TEST_ARGS, e.g. make test TEST_ARGS='-tc=*gguf*')
 #   make fuzz         libFuzzer targets fuzz/fuzz_*.cpp -> build/fuzz/ (clang); run them with scripts/fuzz
 #   make clean
@@ -51,9 +52,14 @@ tests/run: $(TEST_OBJS)
 tests/consumer: $(CONS_OBJS)
 	$(CXX) $(CXXFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
+# The same program built without the x86 SIMD kernels: the engine other architectures get.
+tests/consumer_portable: tests/consumer_a.cpp tests/consumer_b.cpp llm.hpp
+	$(CXX) $(CPPFLAGS) -DLLM_NO_SIMD $(CXXFLAGS) $(LDFLAGS) -o $@ tests/consumer_a.cpp tests/consumer_b.cpp $(LDLIBS)
+
 # The tests start ./llm-server, so the programs are built first; everything runs from the repo root.
-test: $(BINS) tests/consumer tests/run
+test: $(BINS) tests/consumer tests/consumer_portable tests/run
 	./tests/consumer
+	./tests/consumer_portable
 	./tests/run $(TEST_ARGS)
 
 fuzz: $(FUZZ_BINS)
@@ -63,6 +69,6 @@ $(B)/fuzz/%: fuzz/%.cpp
 	$(FUZZ_CXX) $(CPPFLAGS) $(FUZZ_CXXFLAGS) -o $@ $<
 
 clean:
-	rm -rf $(B) llm-server llm-quantize tests/run tests/consumer
+	rm -rf $(B) llm-server llm-quantize tests/run tests/consumer tests/consumer_portable
 
 -include $(shell find $(B) -name '*.d' 2>/dev/null)

@@ -1839,7 +1839,9 @@ Type vec_dot_type(Type weight) {
 // ============================================================================================
 
 
-#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
+// Define LLM_NO_SIMD before including to build the portable engine only (scalar kernels, as on
+// non-x86 targets); tests/consumer_portable is built that way.
+#if !defined(LLM_NO_SIMD) && (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
 #define LLM_X86 1
 #endif
 
@@ -2923,6 +2925,8 @@ struct I16Q2K {  // unsigned 0..3 with a scale and a min per sub-block (no offse
         return _mm512_and_si512(_mm512_srli_epi16(_mm512_loadu_si512(B.ql[g % 16]), 2 * (g / 16)), _mm512_set1_epi8(3));
     }
 };
+template <class G>
+using I16Of = std::conditional_t<std::is_same_v<G, block_q6_K_x16>, I16Q6K, std::conditional_t<std::is_same_v<G, block_q3_K_x16>, I16Q3K, I16Q2K>>;
 // 16 interleaved rows of such a type times NC q8_K columns: per 16-value sub-block the exact dot
 // product dot(u, y) scaled in int32, and offset * sum(scale * bsum) off the block's sum once (the
 // activation's bsums are its 16-value sums); then d_x * d_y and one fma per block, as ggml. Q2_K's
@@ -3078,11 +3082,11 @@ InterleavedType interleaved_q45_K() {
             {}};
 #endif
 }
-template <class X, class G, void (*In)(const X&, int, G&), void (*Out)(const G&, int, X&), class T>
+template <class X, class G, void (*In)(const X&, int, G&), void (*Out)(const G&, int, X&)>
 InterleavedType interleaved_k16() {
     return {false, interleave_group<X, G, In>, deinterleave_group<X, G, Out>,
 #ifdef LLM_X86
-            {tile16_k16<T, 1>, tile16_k16<T, 2>, tile16_k16<T, 4>, tile16_k16<T, 8>}};
+            {tile16_k16<I16Of<G>, 1>, tile16_k16<I16Of<G>, 2>, tile16_k16<I16Of<G>, 4>, tile16_k16<I16Of<G>, 8>}};
 #else
             {}};
 #endif
@@ -3090,9 +3094,9 @@ InterleavedType interleaved_k16() {
 inline const InterleavedType* interleaved_type(Type t) {
     static const InterleavedType q4_K = interleaved_q45_K<block_q4_K, block_q4_K_x16>();
     static const InterleavedType q5_K = interleaved_q45_K<block_q5_K, block_q5_K_x16>();
-    static const InterleavedType q6_K = interleaved_k16<block_q6_K, block_q6_K_x16, interleave_q6_K, deinterleave_q6_K, I16Q6K>();
-    static const InterleavedType q3_K = interleaved_k16<block_q3_K, block_q3_K_x16, interleave_q3_K, deinterleave_q3_K, I16Q3K>();
-    static const InterleavedType q2_K = interleaved_k16<block_q2_K, block_q2_K_x16, interleave_q2_K, deinterleave_q2_K, I16Q2K>();
+    static const InterleavedType q6_K = interleaved_k16<block_q6_K, block_q6_K_x16, interleave_q6_K, deinterleave_q6_K>();
+    static const InterleavedType q3_K = interleaved_k16<block_q3_K, block_q3_K_x16, interleave_q3_K, deinterleave_q3_K>();
+    static const InterleavedType q2_K = interleaved_k16<block_q2_K, block_q2_K_x16, interleave_q2_K, deinterleave_q2_K>();
     static const InterleavedType q4_0 = interleaved_b32<block_q4_0, block_q4_0_x16, 8, false>();
     static const InterleavedType q4_1 = interleaved_b32<block_q4_1, block_q4_1_x16, 0, false>();
     static const InterleavedType q5_0 = interleaved_b32<block_q5_0, block_q5_0_x16, 16, false>();
