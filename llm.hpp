@@ -2550,16 +2550,22 @@ void matmul_rows(Type wt, const uint8_t* W, size_t w_row_bytes, int64_t k, int64
 // ---- interleaved weights (16 rows per group, see block_q4_K_x16) ------------------------------
 
 namespace qimpl {
-// Sets 6-bit value v at element e of an interleaved scale (base 0) or min (base 4) array.
+// 6-bit values in the interleaved layouts: N values (128 or 256) with value e's low four bits in
+// nibble e / (N / 2) of lo[e % (N / 2)] and its top two bits at bit base + 2 * (e / 64) of hi[e % 64]
+// (Q4_K: scales base 0 and mins base 4 share one hi array; Q3_K: 256 scales).
+template <int N>
 inline void put6(uint8_t* lo, uint8_t* hi, int e, int base, uint8_t v) {
-    lo[e % 64] |= (uint8_t)((v & 15) << (4 * (e / 64)));
+    lo[e % (N / 2)] |= (uint8_t)((v & 15) << (4 * (e / (N / 2))));
     hi[e % 64] |= (uint8_t)((v >> 4) << (base + 2 * (e / 64)));
 }
+template <int N>
 inline uint8_t get6(const uint8_t* lo, const uint8_t* hi, int e, int base) {
-    return (uint8_t)(((lo[e % 64] >> (4 * (e / 64))) & 15) | (((hi[e % 64] >> (base + 2 * (e / 64))) & 3) << 4));
+    return (uint8_t)(((lo[e % (N / 2)] >> (4 * (e / (N / 2)))) & 15) | (((hi[e % 64] >> (base + 2 * (e / 64))) & 3) << 4));
 }
+// Element numbers of a row's per-sub-block values: by sub-block (Q4_K scales), or in pairs of
+// sub-blocks, row by row, so a pair of a row is one int16 pair (Q4_K mins, Q3_K and Q2_K scales).
 inline int scale_elt(int sb, int r) { return sb * 16 + r; }
-inline int min_elt(int sb, int r) { return (sb / 2) * 32 + r * 2 + sb % 2; }
+inline int pair_elt(int sb, int r) { return (sb / 2) * 32 + r * 2 + sb % 2; }
 
 template <class G> constexpr bool kHasMin = std::is_same_v<G, block_q4_1_x16> || std::is_same_v<G, block_q5_1_x16>;
 template <class G>
@@ -2575,8 +2581,8 @@ inline void interleave_q45_K(const X& x, int r, G& y) {
     uint8_t sc[8], mn[8];
     unpack_scale_min_k4(x.scales, sc, mn);
     for (int sb = 0; sb < 8; sb++) {
-        put6(y.scales_lo, y.hi, scale_elt(sb, r), 0, sc[sb]);
-        put6(y.mins_lo, y.hi, min_elt(sb, r), 4, mn[sb]);
+        put6<128>(y.scales_lo, y.hi, scale_elt(sb, r), 0, sc[sb]);
+        put6<128>(y.mins_lo, y.hi, pair_elt(sb, r), 4, mn[sb]);
         const uint8_t* q = x.qs + 32 * (sb / 2);
         const int shift = 4 * (sb % 2);
         for (int c = 0; c < 4; c++) {
@@ -2599,7 +2605,8 @@ inline void deinterleave_q45_K(const G& y, int r, X& x) {
     memset(x.qs, 0, sizeof x.qs);
     if constexpr (kHasHigh<G>) memset(x.qh, 0, sizeof x.qh);
     for (int sb = 0; sb < 8; sb++) {
-        pack_scale_min_k4(sb, get6(y.scales_lo, y.hi, scale_elt(sb, r), 0), get6(y.mins_lo, y.hi, min_elt(sb, r), 4), x.scales);
+        pack_scale_min_k4(sb, get6<128>(y.scales_lo, y.hi, scale_elt(sb, r), 0), get6<128>(y.mins_lo, y.hi, pair_elt(sb, r), 4),
+                          x.scales);
         uint8_t* q = x.qs + 32 * (sb / 2);
         const int shift = 4 * (sb % 2);
         for (int c = 0; c < 4; c++) {
@@ -2618,54 +2625,9 @@ inline void deinterleave_q45_K(const G& y, int r, X& x) {
     }
 }
 
-// Q6_K: in a row, values 128n + 32k + l (l = 0..31) have their low bits in nibble k / 2 of
-// ql[64n + 32(k % 2) + l] and their top bits at bit 2k of qh[32n + l]; four values of a group share
-// the shifts, so they move as 32-bit words.
-inline void q6_K_group_words(int g, int& ql_at, int& ql_shift, int& qh_at, int& qh_shift) {
-    const int n = g / 32, k = (g % 32) / 8, l = 4 * (g % 8);
-    ql_at = 64 * n + 32 * (k % 2) + l, ql_shift = 4 * (k / 2), qh_at = 32 * n + l, qh_shift = 2 * k;
-}
-inline void interleave_q6_K(const block_q6_K& x, int r, block_q6_K_x16& y) {
-    y.d[r] = x.d;
-    for (int sb = 0; sb < 16; sb++) y.scales[sb / 2][r][sb % 2] = x.scales[sb];
-    for (int g = 0; g < 64; g++) {
-        int ql_at, ql_shift, qh_at, qh_shift;
-        q6_K_group_words(g, ql_at, ql_shift, qh_at, qh_shift);
-        uint32_t lo, hi, a, b;
-        memcpy(&lo, x.ql + ql_at, 4);
-        memcpy(&hi, x.qh + qh_at, 4);
-        memcpy(&a, y.ql[g % 32] + 4 * r, 4);
-        memcpy(&b, y.qh[g % 16] + 4 * r, 4);
-        a |= ((lo >> ql_shift) & 0x0F0F0F0F) << (4 * (g / 32));
-        b |= ((hi >> qh_shift) & 0x03030303) << (2 * (g / 16));
-        memcpy(y.ql[g % 32] + 4 * r, &a, 4);
-        memcpy(y.qh[g % 16] + 4 * r, &b, 4);
-    }
-}
-inline void deinterleave_q6_K(const block_q6_K_x16& y, int r, block_q6_K& x) {
-    x.d = y.d[r];
-    for (int sb = 0; sb < 16; sb++) x.scales[sb] = y.scales[sb / 2][r][sb % 2];
-    memset(x.ql, 0, sizeof x.ql);
-    memset(x.qh, 0, sizeof x.qh);
-    for (int g = 0; g < 64; g++) {
-        int ql_at, ql_shift, qh_at, qh_shift;
-        q6_K_group_words(g, ql_at, ql_shift, qh_at, qh_shift);
-        uint32_t lo, hi, a, b;
-        memcpy(&a, y.ql[g % 32] + 4 * r, 4);
-        memcpy(&b, y.qh[g % 16] + 4 * r, 4);
-        memcpy(&lo, x.ql + ql_at, 4);
-        memcpy(&hi, x.qh + qh_at, 4);
-        lo |= ((a >> (4 * (g / 32))) & 0x0F0F0F0F) << ql_shift;
-        hi |= ((b >> (2 * (g / 16))) & 0x03030303) << qh_shift;
-        memcpy(x.ql + ql_at, &lo, 4);
-        memcpy(x.qh + qh_at, &hi, 4);
-    }
-}
-
-// Q3_K: in a row, values 128n + 32j + l (l = 0..31) have their low two bits at bit 2j of
-// qs[32n + l] and their third bit at bit 4n + j of hmask[l]; scales as unpack_scales_q3k reads them.
-inline int q3_K_scale_elt(int sb, int r) { return (sb / 2) * 32 + r * 2 + sb % 2; }
-// The two low bits of group g (values 4g..4g+3) of row r between a Q2_K/Q3_K row's qs and ql.
+// Two-bit fields of Q2_K/Q3_K values and Q6_K's top bits: in a row, values 128n + 32j + l (l = 0..31)
+// sit at bit 2j of qs[32n + l]; interleaved, group g (values 4g..4g+3) of row r sits at bit
+// 2 * (g / 16) of the four bytes ql[g % 16][4r..]. Four values share the shifts, so they move as a word.
 inline void put_low2(const uint8_t* qs, int g, int r, uint8_t (*ql)[64]) {
     const int n = g / 32, j = (g % 32) / 8, l = 4 * (g % 8);
     uint32_t lo, a;
@@ -2682,16 +2644,48 @@ inline void get_low2(const uint8_t (*ql)[64], int g, int r, uint8_t* qs) {
     lo |= ((a >> (2 * (g / 16))) & 0x03030303) << (2 * j);
     memcpy(qs + 32 * n + l, &lo, 4);
 }
+// Q6_K: in a row, values 128n + 32k + l have their low bits in nibble k / 2 of ql[64n + 32(k % 2) + l]
+// (interleaved: nibble g / 32 of ql[g % 32]) and their top bits as the two-bit fields above.
+inline int q6_K_low4_at(int g) { return 64 * (g / 32) + 32 * ((g % 32) / 8 % 2) + 4 * (g % 8); }
+inline void interleave_q6_K(const block_q6_K& x, int r, block_q6_K_x16& y) {
+    y.d[r] = x.d;
+    for (int sb = 0; sb < 16; sb++) y.scales[sb / 2][r][sb % 2] = x.scales[sb];
+    for (int g = 0; g < 64; g++) {
+        uint32_t lo, a;
+        memcpy(&lo, x.ql + q6_K_low4_at(g), 4);
+        memcpy(&a, y.ql[g % 32] + 4 * r, 4);
+        a |= ((lo >> (4 * ((g % 32) / 16))) & 0x0F0F0F0F) << (4 * (g / 32));
+        memcpy(y.ql[g % 32] + 4 * r, &a, 4);
+        put_low2(x.qh, g, r, y.qh);
+    }
+}
+inline void deinterleave_q6_K(const block_q6_K_x16& y, int r, block_q6_K& x) {
+    x.d = y.d[r];
+    for (int sb = 0; sb < 16; sb++) x.scales[sb] = y.scales[sb / 2][r][sb % 2];
+    memset(x.ql, 0, sizeof x.ql);
+    memset(x.qh, 0, sizeof x.qh);
+    for (int g = 0; g < 64; g++) {
+        uint32_t a, lo;
+        memcpy(&a, y.ql[g % 32] + 4 * r, 4);
+        memcpy(&lo, x.ql + q6_K_low4_at(g), 4);
+        lo |= ((a >> (4 * (g / 32))) & 0x0F0F0F0F) << (4 * ((g % 32) / 16));
+        memcpy(x.ql + q6_K_low4_at(g), &lo, 4);
+        get_low2(y.qh, g, r, x.qh);
+    }
+}
+
+// Q3_K: the low two bits as above, the third bit of values 128n + 32j + l at bit 4n + j of
+// hmask[l]; scales as unpack_scales_q3k reads them.
 inline void interleave_q2_K(const block_q2_K& x, int r, block_q2_K_x16& y) {
     y.d[r] = x.d;
     y.dmin[r] = x.dmin;
-    for (int sb = 0; sb < 16; sb++) y.scales[q3_K_scale_elt(sb, r)] = x.scales[sb];
+    for (int sb = 0; sb < 16; sb++) y.scales[pair_elt(sb, r)] = x.scales[sb];
     for (int g = 0; g < 64; g++) put_low2(x.qs, g, r, y.ql);
 }
 inline void deinterleave_q2_K(const block_q2_K_x16& y, int r, block_q2_K& x) {
     x.d = y.d[r];
     x.dmin = y.dmin[r];
-    for (int sb = 0; sb < 16; sb++) x.scales[sb] = y.scales[q3_K_scale_elt(sb, r)];
+    for (int sb = 0; sb < 16; sb++) x.scales[sb] = y.scales[pair_elt(sb, r)];
     memset(x.qs, 0, sizeof x.qs);
     for (int g = 0; g < 64; g++) get_low2(y.ql, g, r, x.qs);
 }
@@ -2699,12 +2693,7 @@ inline void interleave_q3_K(const block_q3_K& x, int r, block_q3_K_x16& y) {
     y.d[r] = x.d;
     int8_t sc[16];
     unpack_scales_q3k(x.scales, sc);
-    for (int sb = 0; sb < 16; sb++) {
-        const int e = q3_K_scale_elt(sb, r);
-        const uint8_t v = (uint8_t)(sc[sb] + 32);
-        y.scales_lo[e % 128] |= (uint8_t)((v & 15) << (4 * (e / 128)));
-        y.scales_hi[e % 64] |= (uint8_t)((v >> 4) << (2 * (e / 64)));
-    }
+    for (int sb = 0; sb < 16; sb++) put6<256>(y.scales_lo, y.scales_hi, pair_elt(sb, r), 0, (uint8_t)(sc[sb] + 32));
     for (int g = 0; g < 64; g++) {
         put_low2(x.qs, g, r, y.ql);
         const int n = g / 32, j = (g % 32) / 8, l = 4 * (g % 8);
@@ -2720,8 +2709,7 @@ inline void deinterleave_q3_K(const block_q3_K_x16& y, int r, block_q3_K& x) {
     memset(x.qs, 0, sizeof x.qs);
     memset(x.hmask, 0, sizeof x.hmask);
     for (int sb = 0; sb < 16; sb++) {
-        const int e = q3_K_scale_elt(sb, r);
-        const int v = ((y.scales_lo[e % 128] >> (4 * (e / 128))) & 15) | (((y.scales_hi[e % 64] >> (2 * (e / 64))) & 3) << 4);
+        const int v = get6<256>(y.scales_lo, y.scales_hi, pair_elt(sb, r), 0);
         // the packing unpack_scales_q3k reads: low nibbles in bytes 0..7, top bits in bytes 8..11
         x.scales[sb % 8] |= (uint8_t)((v & 15) << (4 * (sb / 8)));
         x.scales[8 + sb % 4] |= (uint8_t)((v >> 4) << (2 * (sb / 4)));
@@ -2795,6 +2783,18 @@ void deinterleave_group(const uint8_t* group, int64_t nb, uint8_t* rows, size_t 
 }
 
 #ifdef LLM_X86
+// All N 6-bit values of a put6 layout, as bytes in element order.
+template <int N>
+LLM_AVX512_INLINE void unpack6(const uint8_t* lo, const uint8_t* hi, int base, uint8_t* out) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m2 = _mm512_set1_epi8(3), h = _mm512_loadu_si512(hi);
+#pragma GCC unroll 4
+    for (int q = 0; q < N / 64; q++) {  // elements 64q..64q+63
+        const __m512i l = _mm512_loadu_si512(lo + 64 * (q % (N / 128)));
+        const __m512i low = _mm512_and_si512(q < N / 128 ? l : _mm512_srli_epi16(l, 4), m4);
+        const __m512i top = _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(h, base + 2 * q), m2), 4);
+        _mm512_store_si512(out + 64 * q, _mm512_or_si512(low, top));
+    }
+}
 // 16 interleaved Q4_K (Q5_K) rows times NC q8_K columns: out[c * ld + r]. Per sub-block and column, eight
 // vpdpbusd give the 16 rows' integer dot products; these are scaled in int32 and summed over the
 // block, and the mins' term comes from the column's 16-value sums (bsums) in pairs of sub-blocks, so
@@ -2806,22 +2806,15 @@ LLM_AVX512VNNI_FN void tile16_q45_K(int64_t k, const uint8_t* W, const uint8_t* 
                                     const int32_t*, float* out, int64_t ld) {
     const int64_t nb = k / QK_K;
     const G* x = (const G*)W;
-    const __m512i m4 = _mm512_set1_epi8(0x0F), m2 = _mm512_set1_epi8(3);
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
     __m512 acc[NC], accm[NC];
 #pragma GCC unroll 8
     for (int c = 0; c < NC; c++) acc[c] = accm[c] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const G& B = x[b];
         alignas(64) uint8_t sc[128], mn[128];
-        {
-            const __m512i hi = _mm512_loadu_si512(B.hi), slo = _mm512_loadu_si512(B.scales_lo), mlo = _mm512_loadu_si512(B.mins_lo);
-#define LLM_TOP2(shift) _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(hi, shift), m2), 4)
-            _mm512_store_si512(sc, _mm512_or_si512(_mm512_and_si512(slo, m4), LLM_TOP2(0)));
-            _mm512_store_si512(sc + 64, _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(slo, 4), m4), LLM_TOP2(2)));
-            _mm512_store_si512(mn, _mm512_or_si512(_mm512_and_si512(mlo, m4), LLM_TOP2(4)));
-            _mm512_store_si512(mn + 64, _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(mlo, 4), m4), LLM_TOP2(6)));
-#undef LLM_TOP2
-        }
+        unpack6<128>(B.scales_lo, B.hi, 0, sc);
+        unpack6<128>(B.mins_lo, B.hi, 4, mn);
         const block_q8_K* y[NC];
         __m512i isum[NC];
 #pragma GCC unroll 8
@@ -2877,6 +2870,10 @@ LLM_AVX512VNNI_FN void tile16_q45_K(int64_t k, const uint8_t* W, const uint8_t* 
 // The 16-value-sub-block K-quants: Q6_K (value + 32, 0..63), Q3_K (value + 4, 0..7) and Q2_K (0..3
 // with mins). Each gives its rows' scales as int16 pairs (sub-blocks 2p, 2p + 1) and a group's
 // 16 x 4 unsigned values.
+// Group g's two-bit fields (see put_low2) of the 16 rows, as bytes.
+LLM_AVX512_INLINE __m512i two_bits(const uint8_t (*q)[64], int g) {
+    return _mm512_and_si512(_mm512_srli_epi16(_mm512_loadu_si512(q[g % 16]), 2 * (g / 16)), _mm512_set1_epi8(3));
+}
 struct I16Q6K {
     using G = block_q6_K_x16;
     static constexpr int kOffsetShift = 5;
@@ -2884,11 +2881,8 @@ struct I16Q6K {
         for (int p = 0; p < 8; p++) sc16[p] = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i*)B.scales[p]));
     }
     static LLM_AVX512_INLINE __m512i group(const G& B, int g) {
-        const __m512i lo = _mm512_srli_epi16(_mm512_loadu_si512(B.ql[g % 32]), 4 * (g / 32));
-        const __m512i hi = _mm512_loadu_si512(B.qh[g % 16]);
-        const int up = 4 - 2 * (g / 16);  // bring the group's two bits to bits 4-5
-        const __m512i top = up >= 0 ? _mm512_slli_epi16(hi, up) : _mm512_srli_epi16(hi, -up);
-        return _mm512_or_si512(_mm512_and_si512(lo, _mm512_set1_epi8(0x0F)), _mm512_and_si512(top, _mm512_set1_epi8(0x30)));
+        const __m512i lo = _mm512_and_si512(_mm512_srli_epi16(_mm512_loadu_si512(B.ql[g % 32]), 4 * (g / 32)), _mm512_set1_epi8(0x0F));
+        return _mm512_or_si512(lo, _mm512_slli_epi16(two_bits(B.qh, g), 4));
     }
 };
 struct I16Q3K {
@@ -2896,18 +2890,12 @@ struct I16Q3K {
     static constexpr int kOffsetShift = 2;
     static LLM_AVX512_INLINE void scales(const G& B, __m512i sc16[8]) {
         alignas(64) uint8_t sc[256];
-        const __m512i m4 = _mm512_set1_epi8(0x0F), m2 = _mm512_set1_epi8(3), hi = _mm512_loadu_si512(B.scales_hi);
-        for (int q = 0; q < 4; q++) {
-            const __m512i lo = _mm512_loadu_si512(B.scales_lo + 64 * (q % 2));
-            const __m512i low = _mm512_and_si512(q < 2 ? lo : _mm512_srli_epi16(lo, 4), m4);
-            const __m512i top = _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(hi, 2 * q), m2), 4);
-            _mm512_store_si512(sc + 64 * q, _mm512_or_si512(low, top));
-        }
+        unpack6<256>(B.scales_lo, B.scales_hi, 0, sc);
         for (int p = 0; p < 8; p++)
             sc16[p] = _mm512_sub_epi16(_mm512_cvtepu8_epi16(_mm256_load_si256((const __m256i*)(sc + 32 * p))), _mm512_set1_epi16(32));
     }
     static LLM_AVX512_INLINE __m512i group(const G& B, int g) {
-        const __m512i lo = _mm512_and_si512(_mm512_srli_epi16(_mm512_loadu_si512(B.ql[g % 16]), 2 * (g / 16)), _mm512_set1_epi8(3));
+        const __m512i lo = two_bits(B.ql, g);
         return _mm512_mask_add_epi8(lo, (__mmask64)B.qh[g], lo, _mm512_set1_epi8(4));
     }
 };
@@ -2921,9 +2909,7 @@ struct I16Q2K {  // unsigned 0..3 with a scale and a min per sub-block (no offse
     static LLM_AVX512_INLINE void mins(const G& B, __m512i mn16[8]) {
         for (int p = 0; p < 8; p++) mn16[p] = _mm512_srli_epi16(_mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)(B.scales + 32 * p))), 4);
     }
-    static LLM_AVX512_INLINE __m512i group(const G& B, int g) {
-        return _mm512_and_si512(_mm512_srli_epi16(_mm512_loadu_si512(B.ql[g % 16]), 2 * (g / 16)), _mm512_set1_epi8(3));
-    }
+    static LLM_AVX512_INLINE __m512i group(const G& B, int g) { return two_bits(B.ql, g); }
 };
 template <class G>
 using I16Of = std::conditional_t<std::is_same_v<G, block_q6_K_x16>, I16Q6K, std::conditional_t<std::is_same_v<G, block_q3_K_x16>, I16Q3K, I16Q2K>>;
