@@ -159,10 +159,23 @@ Type vec_dot_type(Type weight);
 // x: n values of type `weight`; y: n values of vec_dot_type(weight).
 float vec_dot(Type weight, int64_t n, const void* x, const void* y);
 
+// What the tile kernels read of an activation matrix besides its quants: the q8_0/q8_1 blocks'
+// scales as floats (q8_1: then the s values; `stride` floats per column) and, when asked for, each
+// q8_0 block's sum of quants (the interleaved types stored with an offset subtract it). A caller that
+// runs several row ranges over the same activations computes it once and passes it along.
+struct ActInfo {
+    std::vector<float> scales;
+    int64_t stride = 0;
+    std::vector<int32_t> sums;
+};
+void act_info(Type act_type, const uint8_t* act, size_t act_row_bytes, int64_t n_act, int64_t k, bool with_sums, ActInfo& out);
+
 // out[j*ld_out + i] = vec_dot(wt, k, W + i*w_row_bytes, act + j*act_row_bytes)
-// for rows i in [r0, r1) and activation columns j in [0, n_act). The caller splits rows across threads.
+// for rows i in [r0, r1) and activation columns j in [0, n_act). The caller splits rows across
+// threads; info: act_info of the activations, or nullptr to compute it here.
 void matmul_rows(Type wt, const uint8_t* W, size_t w_row_bytes, int64_t k, int64_t r0, int64_t r1,
-                 const uint8_t* act, size_t act_row_bytes, int64_t n_act, float* out, int64_t ld_out);
+                 const uint8_t* act, size_t act_row_bytes, int64_t n_act, float* out, int64_t ld_out,
+                 const ActInfo* info = nullptr);
 
 // SIMD level used by vec_dot / matmul_rows, chosen once from cpuid + XCR0.
 enum class Isa { Scalar = 0, AVX2 = 1, AVX512 = 2 };
@@ -183,9 +196,11 @@ void interleave_rows16(Type t, const uint8_t* src, uint8_t* dst, int64_t k, int6
 void deinterleave_rows16(Type t, const uint8_t* src, uint8_t* dst, int64_t k, int64_t rows);
 // dequantize_row of row `row` of interleaved weights (a tied token embedding's lookups).
 void dequantize_interleaved_row(Type t, const uint8_t* W, int64_t k, int64_t row, float* dst);
-// matmul_rows for interleaved weights; r0 and r1 are multiples of 16.
+// matmul_rows for interleaved weights; r0 and r1 are multiples of 16; info (if given) with the sums
+// when interleave_needs_sums(wt).
+bool interleave_needs_sums(Type t);
 void matmul_rows_interleaved(Type wt, const uint8_t* W, int64_t k, int64_t r0, int64_t r1, const uint8_t* act,
-                             size_t act_row_bytes, int64_t n_act, float* out, int64_t ld_out);
+                             size_t act_row_bytes, int64_t n_act, float* out, int64_t ld_out, const ActInfo* info = nullptr);
 // ---- Quantizer ----------------------------------------------------------------------------
 // Model quantization as llama-quantize does it (no importance matrix): the same per-tensor type choice for
 // each file type ("mix") and bit-identical quantized data.
@@ -2467,12 +2482,15 @@ std::string isa_name(Isa isa) {
 
 // The float block scales of q8_0 / q8_1 activation rows that the tiles read (see TileFn); returns
 // the per-row stride, 0 for other types (nothing written).
-static int64_t act_scales(Type at, const uint8_t* act, size_t act_row_bytes, int64_t n_act, int64_t k, std::vector<float>& out) {
-    if (at != Type::Q8_0 && at != Type::Q8_1) return 0;
+void act_info(Type at, const uint8_t* act, size_t act_row_bytes, int64_t n_act, int64_t k, bool with_sums, ActInfo& out) {
+    out.stride = 0;
+    out.sums.clear();
+    if (at != Type::Q8_0 && at != Type::Q8_1) return;
     const int64_t nb = k / 32, stride = at == Type::Q8_1 ? 2 * nb : nb;
-    out.resize((size_t)(n_act * stride));
+    out.stride = stride;
+    out.scales.resize((size_t)(n_act * stride));
     for (int64_t j = 0; j < n_act; j++) {
-        float* s = out.data() + j * stride;
+        float* s = out.scales.data() + j * stride;
         for (int64_t b = 0; b < nb; b++) {
             if (at == Type::Q8_1) {
                 const block_q8_1& y = ((const block_q8_1*)(act + j * act_row_bytes))[b];
@@ -2483,17 +2501,26 @@ static int64_t act_scales(Type at, const uint8_t* act, size_t act_row_bytes, int
             }
         }
     }
-    return stride;
+    if (!with_sums || at != Type::Q8_0) return;
+    out.sums.resize((size_t)(n_act * nb));
+    for (int64_t j = 0; j < n_act; j++) {
+        const block_q8_0* y = (const block_q8_0*)(act + j * act_row_bytes);
+        for (int64_t b = 0; b < nb; b++) {
+            int32_t sum = 0;
+            for (int i = 0; i < QK8_0; i++) sum += y[b].qs[i];
+            out.sums[j * nb + b] = sum;
+        }
+    }
 }
 
 float vec_dot(Type weight, int64_t n, const void* x, const void* y) {
     check_row(weight, n, "vec_dot");
     if (const qimpl::IsaKernels* k = qimpl::kernels_for(isa_current())) {
         if (qimpl::TileFn f = k->tile[(int)weight][0]) {
-            std::vector<float> scales;
-            act_scales(vec_dot_type(weight), (const uint8_t*)y, 0, 1, n, scales);
+            ActInfo info;
+            act_info(vec_dot_type(weight), (const uint8_t*)y, 0, 1, n, false, info);
             float r;
-            f(n, (const uint8_t*)x, (const uint8_t*)y, 0, scales.data(), 0, &r, 1);
+            f(n, (const uint8_t*)x, (const uint8_t*)y, 0, info.scales.data(), 0, &r, 1);
             return r;
         }
     }
@@ -2501,7 +2528,7 @@ float vec_dot(Type weight, int64_t n, const void* x, const void* y) {
 }
 
 void matmul_rows(Type wt, const uint8_t* W, size_t w_row_bytes, int64_t k, int64_t r0, int64_t r1, const uint8_t* act,
-                 size_t act_row_bytes, int64_t n_act, float* out, int64_t ld_out) {
+                 size_t act_row_bytes, int64_t n_act, float* out, int64_t ld_out, const ActInfo* info) {
     const qimpl::IsaKernels* ks = qimpl::kernels_for(isa_current());
     const qimpl::TileFn* tiles = ks ? ks->tile[(int)wt] : nullptr;
     if (!tiles || !tiles[0]) {
@@ -2510,8 +2537,10 @@ void matmul_rows(Type wt, const uint8_t* W, size_t w_row_bytes, int64_t k, int64
             for (int64_t i = r0; i < r1; i++) out[j * ld_out + i] = dot(k, W + i * w_row_bytes, act + j * act_row_bytes);
         return;
     }
-    thread_local std::vector<float> scales;
-    const int64_t ss = act_scales(vec_dot_type(wt), act, act_row_bytes, n_act, k, scales);
+    thread_local ActInfo local;
+    if (!info) act_info(vec_dot_type(wt), act, act_row_bytes, n_act, k, false, local), info = &local;
+    const std::vector<float>& scales = info->scales;
+    const int64_t ss = info->stride;
     // Rows in groups small enough to stay in L1 while the activation columns stream past them, 8
     // columns at a time (those stay in L1 across the group's rows).
     constexpr int64_t kRowGroup = 16;
@@ -3140,8 +3169,13 @@ void dequantize_interleaved_row(Type t, const uint8_t* W, int64_t k, int64_t row
     dequantize_row(t, rows.data() + (row - g) * rb, dst, k);
 }
 
+bool interleave_needs_sums(Type t) {
+    const qimpl::InterleavedType* it = qimpl::interleaved_type(t);
+    return it && it->needs_sums;
+}
+
 void matmul_rows_interleaved(Type wt, const uint8_t* W, int64_t k, int64_t r0, int64_t r1, const uint8_t* act,
-                             size_t act_row_bytes, int64_t n_act, float* out, int64_t ld_out) {
+                             size_t act_row_bytes, int64_t n_act, float* out, int64_t ld_out, const ActInfo* info) {
     const qimpl::InterleavedType& it = interleaved_or_fail(wt, k, r1 - r0);
     const size_t rb = row_bytes(wt, k);
     if (!interleave_supported(wt, k, r1 - r0)) {
@@ -3150,34 +3184,22 @@ void matmul_rows_interleaved(Type wt, const uint8_t* W, int64_t k, int64_t r0, i
         rows.resize(kInterleaveRows * rb);
         for (int64_t g = r0; g < r1; g += kInterleaveRows) {
             it.deinterleave(W + g * rb, k / type_info(wt).block_size, rows.data(), rb);
-            matmul_rows(wt, rows.data(), rb, k, 0, kInterleaveRows, act, act_row_bytes, n_act, out + g, ld_out);
+            matmul_rows(wt, rows.data(), rb, k, 0, kInterleaveRows, act, act_row_bytes, n_act, out + g, ld_out, info);
         }
         return;
     }
-    // The columns' block scales as floats and, for offset weights, their block sums, once per call.
-    thread_local std::vector<float> scales;
-    thread_local std::vector<int32_t> sums;
-    const int64_t ss = act_scales(vec_dot_type(wt), act, act_row_bytes, n_act, k, scales);
-    if (it.needs_sums) {
-        const int64_t nb = k / QK8_0;
-        sums.resize(n_act * nb);
-        for (int64_t j = 0; j < n_act; j++) {
-            const block_q8_0* y = (const block_q8_0*)(act + j * act_row_bytes);
-            for (int64_t b = 0; b < nb; b++) {
-                int32_t sum = 0;
-                for (int i = 0; i < QK8_0; i++) sum += y[b].qs[i];
-                sums[j * nb + b] = sum;
-            }
-        }
-    }
+    thread_local ActInfo local;
+    if (!info || (it.needs_sums && info->sums.empty()))
+        act_info(vec_dot_type(wt), act, act_row_bytes, n_act, k, it.needs_sums, local), info = &local;
+    const int64_t ss = info->stride;
     // Per row group, every column (the group's weights stay in L1/L2 across column tiles).
     for (int64_t g = r0; g < r1; g += kInterleaveRows) {
         int64_t j = 0;
         for (int w = 3; w >= 0; w--) {
             const int nc = qimpl::kTileWidths[w];
             for (; j + nc <= n_act; j += nc)
-                it.tile[w](k, W + g * rb, act + j * act_row_bytes, act_row_bytes, scales.data() + j * ss, ss,
-                           it.needs_sums ? sums.data() + j * (k / QK8_0) : nullptr, out + j * ld_out + g, ld_out);
+                it.tile[w](k, W + g * rb, act + j * act_row_bytes, act_row_bytes, info->scales.data() + j * ss, ss,
+                           it.needs_sums ? info->sums.data() + j * (k / QK8_0) : nullptr, out + j * ld_out + g, ld_out);
         }
     }
 }
@@ -7364,6 +7386,7 @@ struct Context::Impl {
     std::vector<float> x, cur, q, k, v, attn, tmp, qa, gathered, gathered_out;
     std::vector<float> ffn_gate, ffn_up, moe_out, router, shexp_out, rope_cs;
     std::vector<std::vector<uint8_t>> act;     // activations converted for matmuls
+    std::vector<ActInfo> infos;                 // and their per-block data for the tiles
     std::vector<std::vector<float>> thread_scratch;
     std::vector<std::vector<uint8_t>> thread_bytes;
 
@@ -7405,6 +7428,15 @@ struct Context::Impl {
                 quantize_row(c.t, c.x + i * c.k, act[conv_rows[r].first].data() + i * c.row, c.k);
             }
         });
+        // The tiles' per-block data of each converted input, once (not once per task).
+        std::vector<char> with_sums(convs.size(), 0);
+        for (size_t j = 0; j < jobs.size(); j++)
+            with_sums[conv_of[j]] |= jobs[j].w->interleaved && interleave_needs_sums(jobs[j].w->type);
+        if (infos.size() < convs.size()) infos.resize(convs.size());
+        pool.parallel_for((int64_t)convs.size(), 1, [&](int64_t b, int64_t e, int) {
+            for (int64_t c = b; c < e; c++)
+                act_info(convs[c].t, act[c].data(), convs[c].row, convs[c].n, convs[c].k, with_sums[c], infos[c]);
+        });
         // Split all weight rows into tasks of similar cost (rows x columns), about 16 per thread, so
         // jobs of different sizes (experts with few or many tokens) still balance across threads.
         struct Task { int job; int64_t r0, r1; };
@@ -7422,11 +7454,13 @@ struct Context::Impl {
                 const MatMul& m = jobs[tasks[t].job];
                 const Conv& c = convs[conv_of[tasks[t].job]];
                 const uint8_t* a = act[conv_of[tasks[t].job]].data();
+                const ActInfo* info = &infos[conv_of[tasks[t].job]];
                 if (m.w->interleaved)
-                    matmul_rows_interleaved(m.w->type, m.w->data, c.k, tasks[t].r0, tasks[t].r1, a, c.row, m.n, m.out, m.w->ne[1]);
+                    matmul_rows_interleaved(m.w->type, m.w->data, c.k, tasks[t].r0, tasks[t].r1, a, c.row, m.n, m.out, m.w->ne[1],
+                                            info);
                 else
                     matmul_rows(m.w->type, m.w->data, row_bytes(m.w->type, c.k), c.k, tasks[t].r0, tasks[t].r1, a, c.row, m.n,
-                                m.out, m.w->ne[1]);
+                                m.out, m.w->ne[1], info);
             }
         });
     }
