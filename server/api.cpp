@@ -864,6 +864,12 @@ void Api::install(http::Server& srv) {
     for (int i = 0; i < o_.n_parallel; i++) {
         srv.route("POST", "/slots/" + std::to_string(i), wrap([this, i](const http::Request& q, http::Response& r) { handle_slot_action(q, r, i); }));
     }
+    // No embedding model is ever loaded here: llama-server's answer without --embeddings.
+    for (const char* p : {"/embedding", "/embeddings", "/v1/embeddings"}) {
+        srv.route("POST", p, wrap([](const http::Request&, http::Response&) {
+            throw ApiError(501, "This server does not support embeddings. Start it with `--embeddings`", "not_supported_error");
+        }));
+    }
     srv.route("GET", "/metrics", wrap([this](const http::Request&, http::Response& r) { handle_metrics(r); }));
     for (const char* p : {"/models", "/v1/models"}) srv.route("GET", p, wrap([this](const http::Request&, http::Response& r) { handle_models(r); }));
 
