@@ -836,6 +836,14 @@ TEST_CASE("server: several prompts in one /completion, llama-server's object and
     CHECK(ends[1] == 1);
     CHECK(text[0] == a["content"]);
     CHECK(text[1] == b["content"]);
+    // OpenAI completions with several prompts: one choice each, in order.
+    Reply oc = post(port, "/v1/completions", {{"prompt", {kPrompts[0], kPrompts[2]}}, {"max_tokens", 4}, {"temperature", 0}});
+    REQUIRE(oc.status == 200);
+    REQUIRE(oc.body["choices"].size() == 2);
+    CHECK(oc.body["choices"][1]["index"] == 1);
+    CHECK(oc.body["choices"][0]["text"] == a["content"]);
+    CHECK(oc.body["choices"][1]["text"] == b["content"]);
+    CHECK(oc.body["usage"]["completion_tokens"] == 8);
     CHECK(post(port, "/completion", {{"prompt", {{"prompt_string", "x"}, {"multimodal_data", {"aGk="}}}}}).status == 400);
     CHECK(post(port, "/completion", {{"prompt", json::array({"a", "", "b"})}, {"n_predict", 1}}).status == 400);  // an empty prompt
 }
@@ -964,6 +972,7 @@ TEST_CASE("server: POST /props, /chat/completions/input_tokens, the --metrics an
     CHECK(e.status == 501);
     CHECK(e.body["error"]["message"].get<std::string>().find("--embeddings") != std::string::npos);
     // The main server has --metrics: the llama.cpp names, counters moving.
+    completion(main_server().port, {{"prompt", "Hi"}, {"n_predict", 1}});
     std::string mt = get(main_server().port, "/metrics").raw;
     for (const char* name : {"n_tokens_max", "spec_decode_num_draft_tokens_total", "spec_decode_num_accepted_tokens_total"}) {
         CHECK_MESSAGE(mt.find(std::string("\nllamacpp:") + name + " ") != std::string::npos, name);
@@ -971,7 +980,10 @@ TEST_CASE("server: POST /props, /chat/completions/input_tokens, the --metrics an
     CHECK(mt.find("llamacpp:n_tokens_max 0\n") == std::string::npos);
     CHECK(post(main_server().port, "/props", json::object()).status == 501);  // no --props
 
-    ServerProcess off(server_cmd({"-c", "256", "--no-slots", "--no-warmup"}));
+    ServerProcess off(server_cmd({"-c", "256", "--no-slots", "--no-warmup", "--chat-template", "command-r"}));
+    // A llama-server built-in template this build does not render: accepted, said so, chatml used.
+    CHECK(off.log().find("chat template 'command-r' (a llama-server built-in) is not rendered by this build") != std::string::npos);
+    CHECK(get(off.port, "/props").body["chat_template_family"] == "chatml");
     Reply sl = get(off.port, "/slots");
     CHECK(sl.status == 501);
     CHECK(sl.body["error"]["type"] == "not_supported_error");
