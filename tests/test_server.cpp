@@ -998,3 +998,14 @@ TEST_CASE("server: the openai Python package, several model names") {
     CHECK(out.rfind("ok ", 0) == 0);
     MESSAGE("openai client: " << out);
 }
+
+TEST_CASE("server: --api-prefix serves every endpoint under the prefix") {
+    ServerProcess s(server_cmd({"-c", "256", "--no-warmup", "--api-prefix", "/llm"}), false);
+    for (double t0 = now_s(); get(s.port, "/llm/health").status != 200; std::this_thread::sleep_for(std::chrono::milliseconds(20))) {
+        REQUIRE_MESSAGE(now_s() - t0 < 60, s.log());
+    }
+    CHECK(get(s.port, "/health").status == 404);
+    CHECK(get(s.port, "/llm/v1/models").body["data"][0]["id"] == kModel);
+    CHECK(post(s.port, "/llm/completion", {{"prompt", "Hi"}, {"n_predict", 1}}).body["tokens_predicted"] == 1);
+    CHECK(testutil::run("./llm-server -m x --api-prefix llm/ 2>/dev/null") == 1);
+}
