@@ -97,7 +97,7 @@ struct Limits {
 };
 
 // ---------------------------------------------------------------------------------------------------
-// Small text helpers (public: server.cpp uses them too).
+// Small text helpers (public: llm-server uses them too).
 
 namespace detail {
 
