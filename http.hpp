@@ -502,6 +502,9 @@ struct Response {
     // Set by stream(): called after the headers are sent; return true when done (the terminating chunk is
     // sent), false to abort (the connection is closed without it, so the client sees a truncated reply).
     std::function<bool(Writer&)> streamer;
+    // Set by the server for the logger: the stream ended without its terminating chunk (the client left,
+    // a write stalled, or stop() cut it after the grace period).
+    bool cut_short = false;
 
     const std::string* find_header(std::string_view name) const { return detail::find_header(headers, name); }
     std::string header(std::string_view name) const {
@@ -889,6 +892,7 @@ private:
             if (bad || empty) return fail(400, "invalid Content-Length");
             if (*length > lim_.max_body) return fail(413, "request body too large");
             remaining_ = *length;
+            if (mode_ == Mode::Request) req_.body.reserve(size_t(*length));   // no growth by doubling: RSS follows the bytes
             phase_ = remaining_ ? Phase::Body : Phase::Done;
         } else {
             phase_ = mode_ == Mode::Request ? Phase::Done : Phase::UntilEof;
@@ -1494,6 +1498,7 @@ private:
                 }
                 ok = finished && w.ok() && (!chunked || detail::send_all(fd, "0\r\n\r\n", write_timeout_ms));
             }
+            res.cut_short = !ok;
         } else {
             if (res.streamer) keep = false;   // HEAD of a stream: headers only, length unknown
             std::string msg = serialize_head(res, keep, res.streamer ? Framing::Close : Framing::Length);

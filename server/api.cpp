@@ -137,7 +137,37 @@ void Api::attach(const llm::Model& model, Scheduler& sched, const ChatTemplate& 
     n_ctx_slot_ = sched.n_ctx_slot();
     n_ctx_total_ = n_ctx_total;
     n_vocab_ = model.hp.n_vocab;
+    for (int32_t id = 0; id < model.vocab.n_tokens(); id++)
+        max_token_bytes_ = std::max(max_token_bytes_, model.vocab.token_to_piece(id, true).size());
     ready_ = true;
+}
+
+// A text of more than max_token_bytes_ bytes per context cell cannot fit a slot whatever it tokenizes
+// to: refuse it before tokenizing (which costs memory and time outside the scheduler's threads).
+void Api::check_prompt_bytes(size_t bytes) const {
+    if (bytes / max_token_bytes_ >= (size_t)n_ctx_slot_) {
+        throw ApiError(400, "the prompt (" + std::to_string(bytes) + " bytes, at least " + std::to_string(bytes / max_token_bytes_) +
+                                " tokens) exceeds the context of a slot (" + std::to_string(n_ctx_slot_) + " tokens)",
+                       "exceed_context_size_error");
+    }
+}
+
+// A body this large cannot carry a prompt that fits a slot: each context cell stands for at most
+// max_token_bytes_ of text, written as at most 6 JSON bytes per byte (\u00XX), or for one token id of
+// at most 12 characters; 1 MiB more for the other fields. Refused before parsing: the JSON copy of a
+// 16 MB prompt costs 2-3 times its size.
+void Api::check_body_bytes(size_t bytes) const {
+    const size_t per_cell = std::max<size_t>(6 * max_token_bytes_, 12);
+    if (bytes > per_cell * (size_t)n_ctx_slot_ + (1u << 20)) {
+        throw ApiError(400, "the request (" + std::to_string(bytes) + " bytes) cannot hold a prompt that fits the context of a slot (" +
+                                std::to_string(n_ctx_slot_) + " tokens)", "exceed_context_size_error");
+    }
+}
+
+// A query flag as llama-server reads it: present and not "0" / "false".
+static bool flag_param(const http::Request& req, const char* name) {
+    std::string f = req.param(name);
+    return !f.empty() && f != "0" && f != "false";
 }
 
 void Api::check_model(const json& b) const {
@@ -196,6 +226,7 @@ TaskParams Api::parse_params(const json& b, ApiKind kind) const {
 }
 
 std::vector<int32_t> Api::tokenize_prompt(const std::string& text) const {
+    check_prompt_bytes(text.size());
     const llm::Vocab& v = model_->vocab;
     std::vector<int32_t> ids = v.tokenize(text, true, true);
     // A template that writes bos_token itself, tokenized with the model's own BOS: keep one.
@@ -208,10 +239,11 @@ std::vector<int32_t> Api::tokenize_prompt(const std::string& text) const {
 std::vector<int32_t> Api::parse_prompt(const json& pr) const {
     const json* p = &pr;
     if (p->is_array() && p->size() == 1 && ((*p)[0].is_string() || (*p)[0].is_array())) p = &(*p)[0];
-    if (p->is_string()) return tokenize_prompt(p->get<std::string>());
+    if (p->is_string()) return tokenize_prompt(p->get_ref<const std::string&>());
     if (!p->is_array()) bad_field("prompt", "a string or an array of token ids");
     std::vector<int32_t> ids;
     bool first = true;
+    size_t text_bytes = 0;
     for (const json& x : *p) {
         if (x.is_number_integer()) {
             int64_t id = x.get<int64_t>();
@@ -221,6 +253,8 @@ std::vector<int32_t> Api::parse_prompt(const json& pr) const {
             }
             ids.push_back((int32_t)id);
         } else if (x.is_string()) {
+            text_bytes += x.get_ref<const std::string&>().size();
+            check_prompt_bytes(text_bytes + ids.size() * max_token_bytes_);
             std::vector<int32_t> t = model_->vocab.tokenize(x.get<std::string>(), first, true);
             ids.insert(ids.end(), t.begin(), t.end());
         } else if (x.is_array()) {
@@ -342,7 +376,22 @@ json Api::final_completion(const Result& r, const std::string& content, const st
     return j;
 }
 
+// The next result for a client, checking after every result (not only while waiting) that the client is
+// still there: a steady stream of tokens must not hide a disconnect. False, with the task cancelled, once
+// it has left.
+static bool next_result(Scheduler& sched, const std::shared_ptr<Channel>& ch, Result& r, const std::function<bool()>& connected) {
+    for (;;) {
+        const bool got = ch->pop(r, 100);
+        if (!connected()) {
+            sched.cancel(ch);
+            return false;
+        }
+        if (got) return true;
+    }
+}
+
 void Api::handle_generate(const http::Request& req, http::Response& res, ApiKind kind) {
+    check_body_bytes(req.body.size());
     json b = parse_body(req.body);
     check_model(b);
     TaskParams p = parse_params(b, kind);
@@ -384,10 +433,7 @@ void Api::handle_generate(const http::Request& req, http::Response& res, ApiKind
         std::vector<TokenProb> probs;
         Result r;
         for (;;) {
-            if (!ch->pop(r, 100)) {
-                if (!req.client_connected()) { sched_->cancel(ch); throw ApiError(400, "client disconnected"); }
-                continue;
-            }
+            if (!next_result(*sched_, ch, r, [&] { return req.client_connected(); })) throw ApiError(400, "client disconnected");
             if (r.kind == Result::Error) { sched_->cancel(ch); throw ApiError(r.status, r.message, r.err_type); }
             content += r.text;
             tokens.insert(tokens.end(), r.tokens.begin(), r.tokens.end());
@@ -452,10 +498,7 @@ void Api::handle_generate(const http::Request& req, http::Response& res, ApiKind
         }
         for (;;) {
             Result r;
-            if (!ch->pop(r, 100)) {
-                if (!w.alive()) { sched_->cancel(ch); return false; }
-                continue;
-            }
+            if (!next_result(*sched_, ch, r, [&] { return w.alive(); })) return false;
             if (r.kind == Result::Error) {
                 json e = json::parse(http::error_json(r.status, r.message, r.err_type));
                 w.write(kind == ApiKind::Completion ? "error: " + dump(e) + "\n\n" : sse(e));
@@ -549,8 +592,7 @@ void Api::handle_slots(const http::Request& req, http::Response& res) {
                              {"n_decoded", v.n_decoded}, {"stopping_word", ""}}}});
         }
     }
-    std::string f = req.param("fail_on_no_slot");
-    if (!f.empty() && f != "0" && f != "false" && !any_idle) throw ApiError(503, "no slot available", "unavailable_error");
+    if (flag_param(req, "fail_on_no_slot") && !any_idle) throw ApiError(503, "no slot available", "unavailable_error");
     res.set_json(dump(arr));
 }
 
@@ -582,6 +624,18 @@ void Api::handle_metrics(http::Response& res) {
     res.set_content(out, "text/plain; version=0.0.4");
 }
 
+// As llama-server: 503 while loading; with ?fail_on_no_slot=1 also 503 "no slot available" when every slot
+// is busy (a readiness probe: route new work elsewhere). Answered from the accept loop when connections
+// are short, so it only reads the scheduler's counters.
+void Api::handle_health(const http::Request& req, http::Response& res) {
+    if (!ready_.load()) return res.set_error(503, "Loading model", "unavailable_error");
+    if (!req.has_param("fail_on_no_slot")) return res.set_json("{\"status\":\"ok\"}");
+    const int busy = sched_->load().busy, idle = std::max(0, n_slots_ - busy);
+    const bool refuse = flag_param(req, "fail_on_no_slot") && idle == 0;
+    res.set_json(dump(json{{"status", refuse ? "no slot available" : "ok"}, {"slots_idle", idle}, {"slots_processing", busy}}),
+                 refuse ? 503 : 200);
+}
+
 void Api::handle_models(http::Response& res) {
     const llm::HParams& hp = model_->hp;
     json meta{{"vocab_type", model_->vocab.model_type()}, {"n_vocab", n_vocab_},     {"n_ctx_train", hp.n_ctx_train},
@@ -605,10 +659,7 @@ void Api::install(http::Server& srv) {
             }
         };
     };
-    auto health = [this](const http::Request&, http::Response& res) {
-        if (ready_.load()) res.set_json("{\"status\":\"ok\"}");
-        else res.set_error(503, "Loading model", "unavailable_error");
-    };
+    auto health = [this](const http::Request& q, http::Response& r) { handle_health(q, r); };
     srv.route("GET", "/health", health);
     srv.route("GET", "/v1/health", health);
     auto gen = [&](ApiKind k) { return wrap([this, k](const http::Request& q, http::Response& r) { handle_generate(q, r, k); }); };
@@ -623,16 +674,20 @@ void Api::install(http::Server& srv) {
     srv.route("GET", "/metrics", wrap([this](const http::Request&, http::Response& r) { handle_metrics(r); }));
     for (const char* p : {"/models", "/v1/models"}) srv.route("GET", p, wrap([this](const http::Request&, http::Response& r) { handle_models(r); }));
 
-    if (!o_.srv.api_key.empty()) {
-        const std::string key = o_.srv.api_key;
-        srv.set_auth([key](const http::Request& r) {
+    if (!o_.srv.api_keys.empty()) {
+        const std::vector<std::string> keys = o_.srv.api_keys;
+        srv.set_auth([keys](const http::Request& r) {
             if (r.path == "/health" || r.path == "/v1/health") return true;
             std::string given = r.header("x-api-key");
             std::string auth = r.header("authorization");
             if (given.empty() && auth.size() > 7 && http::detail::iequals(auth.substr(0, 7), "bearer ")) given = auth.substr(7);
-            unsigned diff = given.size() != key.size();  // compare without an early exit
-            for (size_t i = 0; i < given.size(); i++) diff |= (unsigned)(given[i] ^ key[i % key.size()]);
-            return diff == 0;
+            bool match = false;
+            for (const std::string& key : keys) {
+                unsigned diff = given.size() != key.size();  // compare without an early exit
+                for (size_t i = 0; i < given.size(); i++) diff |= (unsigned)(given[i] ^ key[i % key.size()]);
+                match = match || diff == 0;
+            }
+            return match;
         });
     }
     // While the model loads, everything but /health answers 503.
@@ -641,8 +696,13 @@ void Api::install(http::Server& srv) {
         res.set_error(503, "Loading model", "unavailable_error");
         return false;
     });
-    srv.set_logger([](const http::Request& r, const http::Response& res) {
+    srv.set_logger([&srv](const http::Request& r, const http::Response& res) {
         if (res.status == 200 && (r.path == "/health" || r.path == "/v1/health")) return;
+        if (res.cut_short) {
+            log_msg('W', "http: %s:%d %s %s -> %d, stream cut short (%s)", r.remote_addr.c_str(), r.remote_port, r.method.c_str(),
+                    r.path.c_str(), res.status, srv.stopping() ? "shutdown grace period over" : "client gone");
+            return;
+        }
         log_msg('I', "http: %s:%d %s %s -> %d", r.remote_addr.c_str(), r.remote_port, r.method.c_str(), r.path.c_str(), res.status);
     });
 }

@@ -46,12 +46,15 @@ private:
     void handle_slots(const http::Request& req, http::Response& res);
     void handle_metrics(http::Response& res);
     void handle_models(http::Response& res);
+    void handle_health(const http::Request& req, http::Response& res);
 
     // ---- requests
     TaskParams parse_params(const json& b, ApiKind kind) const;
     std::vector<int32_t> parse_prompt(const json& prompt) const;
     std::string render_chat(const json& b) const;
     std::vector<int32_t> tokenize_prompt(const std::string& text) const;
+    void check_prompt_bytes(size_t bytes) const;
+    void check_body_bytes(size_t bytes) const;
     void check_model(const json& b) const;
 
     // ---- responses
@@ -68,6 +71,7 @@ private:
     Scheduler* sched_ = nullptr;
     ChatTemplate chat_;
     int n_slots_ = 1, n_ctx_slot_ = 0, n_ctx_total_ = 0, n_vocab_ = 0;
+    size_t max_token_bytes_ = 1;  // the longest text one token can stand for (specials included)
 };
 
 }  // namespace srv

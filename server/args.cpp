@@ -1,9 +1,13 @@
 // llm-server's command line (see args.hpp).
 #include "args.hpp"
 
+#include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <cstdlib>
 #include <sstream>
+
+#include "util.hpp"
 
 namespace srv {
 
@@ -53,7 +57,9 @@ void print_usage() {
         "  --port P                 port (default 8080; 0 = any free one, logged as 'listening on H:P')\n"
         "  -np, --parallel N        slots: requests served at once; -c is split across them\n"
         "  -ub, --ubatch-size N     most tokens per forward pass (default 512; also bounded by -b)\n"
-        "  --api-key KEY            require 'Authorization: Bearer KEY' (/health stays open)\n"
+        "  --api-key KEY            require 'Authorization: Bearer KEY' (/health stays open); several keys\n"
+        "                           comma-separated; env LLAMA_API_KEY when no key is given (keeps it out of ps)\n"
+        "  --api-key-file FILE      read API keys from FILE, one per line\n"
         "  -a, --alias NAME         model name in responses (default: the model path)\n"
         "  --cache-ram MiB          host-RAM cache of evicted slot states (default 8192, 0 off, -1 no limit)\n"
         "  --context-shift          when a slot fills up, drop the older half after --keep N tokens\n"
@@ -81,6 +87,27 @@ std::vector<int32_t> parse_ids(const std::string& s) {
 }
 
 }  // namespace
+
+// Appends the non-empty keys of a sep-separated list (surrounding blanks and CRs dropped).
+void add_api_keys(std::vector<std::string>& keys, const std::string& list, char sep) {
+    size_t start = 0;
+    while (start <= list.size()) {
+        size_t end = std::min(list.find(sep, start), list.size());
+        std::string key = list.substr(start, end - start);
+        while (!key.empty() && isspace((unsigned char)key.back())) key.pop_back();
+        key.erase(0, std::min(key.size(), key.find_first_not_of(" \t")));
+        if (!key.empty()) keys.push_back(key);
+        start = end + 1;
+    }
+}
+
+std::string read_key_file(const std::string& path) {
+    try {
+        return read_file(path);
+    } catch (const std::exception& e) {
+        usage_error("--api-key-file: " + std::string(e.what()));
+    }
+}
 
 Options parse_args(int argc, char** argv) {
     Options o;
@@ -150,7 +177,8 @@ Options parse_args(int argc, char** argv) {
         // HTTP server mode
         else if (a == "--host") o.srv.host = next();
         else if (a == "--port") o.srv.port = next_int();
-        else if (a == "--api-key") o.srv.api_key = next();
+        else if (a == "--api-key") add_api_keys(o.srv.api_keys, next(), ',');
+        else if (a == "--api-key-file") add_api_keys(o.srv.api_keys, read_key_file(next()), '\n');
         else if (a == "-a" || a == "--alias") o.srv.alias = next();
         else if (a == "-ub" || a == "--ubatch-size") o.srv.n_ubatch = next_int();
         else if (a == "-cram" || a == "--cache-ram") o.srv.cache_ram_mib = next_int();
@@ -168,6 +196,7 @@ Options parse_args(int argc, char** argv) {
         else if (a == "-cb" || a == "--cont-batching" || a == "--metrics" || a == "--slots") {}  // always on
         else usage_error("unknown argument '" + a + "'");
     }
+    if (const char* env = getenv("LLAMA_API_KEY"); env && o.srv.api_keys.empty()) add_api_keys(o.srv.api_keys, env, ',');
     if (o.model.empty()) usage_error("no model given (-m MODEL)");
     if (o.n_batch <= 0) usage_error("--batch-size must be positive");
     if (o.n_threads < 0) usage_error("--threads must not be negative");

@@ -10,7 +10,8 @@ namespace srv {
 
 // Flags of the HTTP server mode.
 struct ServerOptions {
-    std::string host = "127.0.0.1", api_key, alias, chat_template, chat_template_file;
+    std::string host = "127.0.0.1", alias, chat_template, chat_template_file;
+    std::vector<std::string> api_keys;  // --api-key (comma-separated), --api-key-file, else LLAMA_API_KEY
     int port = 8080, n_ubatch = 512, max_queue = 64, timeout_s = 600, shutdown_grace_s = 10, n_keep = 0;
     int cache_ram_mib = 8192, max_connections = 64;
     bool context_shift = false, kv_unified = false, warmup = true;

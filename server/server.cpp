@@ -18,12 +18,17 @@ namespace srv {
 
 namespace {
 
-// ---- Signals: the first SIGINT/SIGTERM stops accepting and drains; a second one exits at once ----
+// ---- Signals: the first SIGINT/SIGTERM stops accepting and drains; a second one exits at once with
+// status 1 and llama-server's message ----
 std::atomic<bool> g_stop_requested{false};
 http::Server* g_http = nullptr;
 
 void on_stop_signal(int) {
-    if (g_stop_requested.exchange(true)) _exit(130);
+    if (g_stop_requested.exchange(true)) {
+        static const char msg[] = "Received second interrupt, terminating immediately.\n";
+        (void)!write(2, msg, sizeof msg - 1);
+        _exit(1);
+    }
     if (g_http) g_http->stop();  // async-signal-safe: an atomic store and a write to a pipe
 }
 
@@ -127,6 +132,7 @@ int run_server(const Options& o) {
     ho.write_timeout_ms = so.timeout_s * 1000;
     ho.shutdown_grace_ms = so.shutdown_grace_s * 1000;
     ho.max_connections = so.max_connections;
+    ho.priority_paths = {"/health", "/v1/health", "/metrics"};
     ho.server_name = "llm-server";
     http::Server srv(ho);
     Api api(o);
