@@ -17,12 +17,14 @@
 //   6. SIMD kernels          run-time dispatch (cpuid + XCR0), AVX2 / AVX-512 tiles, 16-row interleaved
 //                            weights and their AVX-512 VNNI kernels, attention scores and weighted sums
 //   7. Weight quantizers     K-quants and IQ4_NL as llama-quantize writes them
-//   8. GGUF writer           streamed v3 output
+//   8. GGUF writer           streamed v3 output; its temp file removed on errors, on signals
+//                            (remove_unfinished_outputs) and, for dead processes, by the next writer
 //   9. Model quantizer       per-tensor type choice of each mix, the streaming driver
 //  10. Tokenizer             unicode tables, SentencePiece, byte-level BPE with pre-tokenizers, specials
 //  11. Chat templates        family detection and byte-exact rendering
 //  12. Thread pool           persistent workers, parallel-for
-//  13. Model                 hyperparameters from metadata, tensor binding per architecture, load-time
+//  13. Model                 hyperparameters from metadata (read_hparams, shared with the quantizer),
+//                            tensor binding per architecture, load-time
 //                            repacking of the matmul weights
 //  14. KV cache              paged cells in f32/f16/q8_0/q4_0/iq4_nl, per-sequence or unified
 //  15. Forward pass          GQA and MLA attention, dense and MoE FFN, one path for prefill and decode
