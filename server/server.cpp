@@ -36,8 +36,9 @@ void on_stop_signal(int) {
 void check_server_options(const ServerOptions& so) {
     if (so.port < 0 || so.port > 65535) usage_error("--port must be in 0..65535");
     if (so.n_ubatch <= 0) usage_error("--ubatch-size must be positive");
-    if (so.max_queue < 0 || so.shutdown_grace_s < 0 || so.timeout_s <= 0 || so.max_connections <= 0) {
-        usage_error("--max-queue and --shutdown-grace must not be negative, --timeout and --max-connections must be positive");
+    if (so.max_queue < 0 || so.shutdown_grace_s < 0 || so.timeout_s <= 0 || so.max_connections <= 0 ||
+        so.max_connections_per_client < 0) {
+        usage_error("--max-queue, --shutdown-grace and --max-connections-per-client must not be negative, --timeout and --max-connections must be positive");
     }
 }
 
@@ -155,6 +156,7 @@ int run_server(const Options& o) {
     ho.write_timeout_ms = so.timeout_s * 1000;
     ho.shutdown_grace_ms = so.shutdown_grace_s * 1000;
     ho.max_connections = so.max_connections;
+    ho.max_connections_per_client = so.max_connections_per_client;
     ho.priority_paths = {"/health", "/v1/health", "/metrics"};
     ho.server_name = "llm-server";
     ho.cors_echo_origin = true;  // as llama-server: the Origin is reflected, credentials allowed
