@@ -499,6 +499,25 @@ struct Gate {
     }
 };
 
+// A started test server with the basic routes and a Gate.
+struct GatedServer {
+    Gate gate;        // outlives the server: handlers may still wait in it while it stops
+    TestServer ts;
+    explicit GatedServer(http::Options o) : ts(std::move(o)) {
+        add_basic_routes(ts.srv);
+        gate.add_route(ts.srv);
+        ts.start();
+    }
+    int port() const { return ts.port(); }
+    // A client whose request waits in the gate until release(): a connection that cannot be evicted.
+    std::thread busy_client(std::string body = "x") {
+        return std::thread([this, body] {
+            http::Client x("127.0.0.1", port());
+            CHECK(x.request("POST", "/block", body).status == 200);
+        });
+    }
+};
+
 // A raw connection from a chosen loopback source address (Linux routes all of 127.0.0.0/8 to lo).
 int connect_from(const char* source, int port) {
     int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -527,12 +546,8 @@ TEST_CASE("http server: busy connections beyond max_connections get 503; idle on
     http::Options o = TestServer::options();
     o.max_connections = 2;
     o.max_connections_per_client = 2;
-    TestServer ts(o);
-    add_basic_routes(ts.srv);
-    Gate gate;
-    gate.add_route(ts.srv);
-    ts.start();
-    int port = ts.port();
+    GatedServer gs(o);
+    int port = gs.port();
 
     {   // Two idle keep-alive connections fill the pool, but a third client evicts the longest idle one.
         http::Client a("127.0.0.1", port), b("127.0.0.1", port);
@@ -544,19 +559,18 @@ TEST_CASE("http server: busy connections beyond max_connections get 503; idle on
         CHECK(a.wait_closed(2000));   // the oldest idle one went
         CHECK(b.request("GET", "/hello").status == 200);
     }
-    for (int i = 0; i < 200 && ts.srv.active_connections() > 0; ++i) std::this_thread::sleep_for(10ms);
+    for (int i = 0; i < 200 && gs.ts.srv.active_connections() > 0; ++i) std::this_thread::sleep_for(10ms);
 
     // Two busy connections cannot be evicted: the next one gets 503 (and /health-like priority paths
     // would still be answered, see below).
-    std::thread t1([&] { http::Client x("127.0.0.1", port); CHECK(x.request("POST", "/block", "1").status == 200); });
-    std::thread t2([&] { http::Client x("127.0.0.1", port); CHECK(x.request("POST", "/block", "2").status == 200); });
-    gate.wait_entered(2);
+    std::thread t1 = gs.busy_client(), t2 = gs.busy_client();
+    gs.gate.wait_entered(2);
     http::Client c("127.0.0.1", port);
     auto r = c.request("GET", "/hello");
     CHECK(r.status == 503);
     CHECK(is_json_error(r.body, 503, "unavailable_error"));
     CHECK_FALSE(c.is_open());
-    gate.release();
+    gs.gate.release();
     t1.join();
     t2.join();
     check_still_serving(port);
@@ -566,20 +580,15 @@ TEST_CASE("http server: one client address cannot take every connection") {
     http::Options o = TestServer::options();
     o.max_connections = 8;
     o.max_connections_per_client = 2;
-    TestServer ts(o);
-    add_basic_routes(ts.srv);
-    Gate gate;
-    gate.add_route(ts.srv);
-    ts.start();
-    int port = ts.port();
-    std::vector<std::thread> busy;
-    for (int i = 0; i < 2; ++i)
-        busy.emplace_back([&] { http::Client x("127.0.0.1", port); CHECK(x.request("POST", "/block", "x").status == 200); });
-    gate.wait_entered(2);
+    GatedServer gs(o);
+    int port = gs.port();
+    std::thread t1 = gs.busy_client(), t2 = gs.busy_client();
+    gs.gate.wait_entered(2);
     CHECK(status_of_get(connect_from("127.0.0.1", port)) == 503);   // its limit is reached
     CHECK(status_of_get(connect_from("127.0.0.2", port)) == 200);   // another address is served
-    gate.release();
-    for (auto& t : busy) t.join();
+    gs.gate.release();
+    t1.join();
+    t2.join();
 }
 
 TEST_CASE("http server: /health and /metrics answer within 1 s while 64 idle and 100 trickling connections are open") {
@@ -645,22 +654,18 @@ TEST_CASE("http server: /health and /metrics answer within 1 s while 64 idle and
 TEST_CASE("http server: the bytes of all requests in flight are bounded") {
     http::Options o = TestServer::options();
     o.max_bytes_in_flight = 1 << 20;
-    TestServer ts(o);
-    add_basic_routes(ts.srv);
-    Gate gate;
-    gate.add_route(ts.srv);
-    ts.start();
-    int port = ts.port();
+    GatedServer gs(o);
+    int port = gs.port();
     const std::string body(600 * 1024, 'b');
-    std::thread first([&] { http::Client x("127.0.0.1", port); CHECK(x.request("POST", "/block", body).status == 200); });
-    gate.wait_entered(1);
+    std::thread first = gs.busy_client(body);
+    gs.gate.wait_entered(1);
     {   // 600 KB are held by the blocked request: another 600 KB do not fit in 1 MB.
         http::Client x("127.0.0.1", port);
         auto r = x.request("POST", "/echo", body);
         CHECK(r.status == 503);
         CHECK(r.body.find("in flight") != std::string::npos);
     }
-    gate.release();
+    gs.gate.release();
     first.join();
     // Released once the response is out (the client may see it a moment before): fits again.
     http::ClientResponse r;
