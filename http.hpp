@@ -29,7 +29,8 @@
 //              the connection idle the longest (between requests) is closed to make some; failing that, the
 //              accept loop itself reads the request (no thread) and answers priority_paths (/health,
 //              /metrics) there, everything else with 503. So no set of idle, trickling or reconnecting
-//              clients keeps the health check out.
+//              clients keeps the health check out. A request sent just as its idle connection is closed
+//              sees the close, as with any keep-alive timeout (clients retry on a fresh connection).
 //   Client     a blocking client for tests and tools (keep-alive, chunked, incremental body callback).
 //
 // Protocol decisions (documented here because they are policy, not accident):
