@@ -24,9 +24,13 @@
 //   Parser     incremental request (or response) parser over bytes, no I/O: feed() returns NeedMore,
 //              Complete or Error (error_status() is the HTTP status to answer: 400, 413, 414, 431, 501, 505, ...).
 //              Fuzzed by fuzz/fuzz_http.cpp.
-//   Server     thread per connection, bounded by max_connections (excess connections get 503 and are
-//              closed by the accept loop itself, no thread); poll() deadlines for slow clients; keep-alive;
-//              graceful stop.
+//   Server     thread per connection, bounded by max_connections and max_connections_per_client; poll()
+//              deadlines for slow clients; keep-alive; graceful stop. When a new connection finds no room,
+//              the connection idle the longest (between requests) is closed to make some; failing that, the
+//              accept loop itself reads the request (no thread) and answers priority_paths (/health,
+//              /metrics) there, everything else with 503. So no set of idle, trickling or reconnecting
+//              clients keeps the health check out. A request sent just as its idle connection is closed
+//              sees the close, as with any keep-alive timeout (clients retry on a fresh connection).
 //   Client     a blocking client for tests and tools (keep-alive, chunked, incremental body callback).
 //
 // Protocol decisions (documented here because they are policy, not accident):
@@ -43,6 +47,8 @@
 //   - Timeouts: read_timeout_ms bounds the whole request (headers and body) from its first byte, and the
 //     wait for the first request on a new connection; a drip-fed request cannot extend it. A request that
 //     times out half-received gets 408; an idle connection is closed silently.
+//   - Memory: the bytes of all requests being received or handled are bounded by max_bytes_in_flight;
+//     a request that would pass it gets 503 (each body is bounded by Limits::max_body on top).
 //   - Every response is HTTP/1.1 and, with Options::cors, carries Access-Control-Allow-Origin: * (or, with
 //     cors_echo_origin, the request's Origin and Access-Control-Allow-Credentials: true); OPTIONS
 //     without an explicit route is answered as a CORS preflight (204) before auth.
@@ -498,6 +504,9 @@ struct Response {
     // Set by stream(): called after the headers are sent; return true when done (the terminating chunk is
     // sent), false to abort (the connection is closed without it, so the client sees a truncated reply).
     std::function<bool(Writer&)> streamer;
+    // Set by the server for the logger: the stream ended without its terminating chunk (the client left,
+    // a write stalled, or stop() cut it after the grace period).
+    bool cut_short = false;
 
     const std::string* find_header(std::string_view name) const { return detail::find_header(headers, name); }
     std::string header(std::string_view name) const {
@@ -885,6 +894,7 @@ private:
             if (bad || empty) return fail(400, "invalid Content-Length");
             if (*length > lim_.max_body) return fail(413, "request body too large");
             remaining_ = *length;
+            if (mode_ == Mode::Request) req_.body.reserve(size_t(*length));   // no growth by doubling: RSS follows the bytes
             phase_ = remaining_ ? Phase::Body : Phase::Done;
         } else {
             phase_ = mode_ == Mode::Request ? Phase::Done : Phase::UntilEof;
@@ -941,7 +951,13 @@ private:
 struct Options {
     std::string host = "127.0.0.1";   // numeric IPv4/IPv6 literal ("0.0.0.0", "::", "::1"), or "localhost"
     int port = 8080;                  // 0: ephemeral, see Server::port()
-    int max_connections = 64;         // concurrent connections (threads); more are answered 503 and closed
+    int max_connections = 64;         // concurrent connections (threads); see Server for what happens beyond
+    int max_connections_per_client = 0;  // from one client address; 0: half of max_connections (at least 1)
+    size_t max_bytes_in_flight = 64u << 20;  // request bytes being received or handled, all connections
+    // Answered by the accept loop when a connection finds no room (GET/HEAD; their handlers must be quick
+    // and must not wait for other requests), within priority_timeout_ms of the connection's arrival.
+    std::vector<std::string> priority_paths = {"/health", "/metrics"};
+    int priority_timeout_ms = 2000;
     int read_timeout_ms = 30000;      // whole request from its first byte; also the wait for a first request
     int keep_alive_timeout_ms = 5000; // idle time between requests on a kept-alive connection
     int write_timeout_ms = 30000;     // longest stall of a single send (client not reading)
@@ -1014,9 +1030,15 @@ public:
                 fds.push_back({l.fd, POLLIN, 0});
                 timeout = std::min(timeout, detail::ms_until(l.deadline));
             }
+            const size_t waiting_at = fds.size();
+            for (const auto& w : waiting_) {
+                fds.push_back({w->fd, POLLIN, 0});
+                timeout = std::min(timeout, detail::ms_until(w->deadline));
+            }
             if (::poll(fds.data(), fds.size(), timeout) < 0 && errno != EINTR) break;
             if (fds[1].revents) drain_wake_pipe();
-            service_lingering(fds);
+            service_lingering(fds, waiting_at);
+            service_waiting(fds, waiting_at);
             reap();
             if (fds[0].revents & POLLIN) accept_pending();
         }
@@ -1035,11 +1057,26 @@ public:
     size_t active_connections() const { return active_.load(); }
 
 private:
+    // Between requests a connection is Idle and may be Evicted by the accept loop to make room; the
+    // connection's thread turns it Busy before reading a request's first bytes. Both sides change the
+    // phase by compare-and-swap, so a request being read is never cut.
+    enum Phase { Idle, Busy, Evicted };
     struct Conn {
         std::thread thread;
         std::mutex mu;   // guards fd against shutdown() from the run thread racing close()
         int fd = -1;
+        std::string peer_addr;
         std::atomic<bool> done{false};
+        std::atomic<int> phase{Busy};   // until its thread has looked for a first request
+        std::atomic<int64_t> idle_since_ms{0};   // steady clock, when it last became Idle
+    };
+    // A connection that found no room: the accept loop reads its request and answers priority paths.
+    struct Waiting {
+        int fd;
+        std::string peer_addr;
+        int peer_port;
+        detail::Clock::time_point deadline;
+        Parser parser;
     };
     struct Lingering {
         int fd;
@@ -1084,14 +1121,16 @@ private:
             int one = 1;
             ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);   // stream tokens promptly
             reap();
-            if (conns_.size() >= size_t(std::max(opt_.max_connections, 1))) {
-                reject(fd);
+            auto peer = detail::describe_sockaddr(ss);
+            if (!make_room(peer.first)) {
+                wait_for_priority_request(fd, peer.first, peer.second);
                 continue;
             }
             auto conn = std::make_unique<Conn>();
             conn->fd = fd;
+            conn->peer_addr = peer.first;
+            conn->idle_since_ms = now_ms();
             Conn* c = conn.get();
-            auto peer = detail::describe_sockaddr(ss);
             try {
                 conn->thread = std::thread([this, c, peer] {
                     serve(*c, peer.first, peer.second);
@@ -1107,21 +1146,120 @@ private:
         }
     }
 
-    // 503 from the accept loop, no thread. The socket then lingers (read side drained) so that the
-    // client's unread request does not turn our close into a reset that destroys the 503 in flight.
+    static int64_t now_ms() {
+        return std::chrono::duration_cast<std::chrono::milliseconds>(detail::Clock::now().time_since_epoch()).count();
+    }
+
+    size_t per_client_limit() const {
+        if (opt_.max_connections_per_client > 0) return size_t(opt_.max_connections_per_client);
+        return size_t(std::max(opt_.max_connections / 2, 1));
+    }
+
+    // Whether a new connection from addr may have a thread: it fits under max_connections and the
+    // per-client limit, or the connection idle the longest (from addr, when addr is at its own limit)
+    // was closed to make room.
+    bool make_room(const std::string& addr) {
+        size_t live = 0, from_addr = 0;
+        for (const auto& c : conns_) {
+            if (c->phase.load() == Evicted) continue;   // its thread is on its way out
+            live++;
+            from_addr += c->peer_addr == addr;
+        }
+        const bool addr_full = from_addr >= per_client_limit();
+        if (!addr_full && live < size_t(std::max(opt_.max_connections, 1))) return true;
+        return evict_longest_idle(addr_full ? &addr : nullptr);
+    }
+
+    // Closes the connection that has been idle the longest (optionally only among those from one
+    // address); false when every candidate is busy.
+    bool evict_longest_idle(const std::string* only_addr) {
+        for (;;) {
+            Conn* oldest = nullptr;
+            for (const auto& c : conns_) {
+                if (c->phase.load() != Idle || (only_addr && c->peer_addr != *only_addr)) continue;
+                if (!oldest || c->idle_since_ms.load() < oldest->idle_since_ms.load()) oldest = c.get();
+            }
+            if (!oldest) return false;
+            int expected = Idle;
+            if (!oldest->phase.compare_exchange_strong(expected, Evicted)) continue;   // it just became busy
+            std::lock_guard<std::mutex> lock(oldest->mu);
+            if (oldest->fd >= 0) ::shutdown(oldest->fd, SHUT_RDWR);   // its thread sees EOF and closes
+            return true;
+        }
+    }
+
+    // A connection without room waits in the accept loop for its request (bounded count and time); the
+    // oldest waiting one is refused when the list is full.
+    void wait_for_priority_request(int fd, const std::string& addr, int port) {
+        if (waiting_.size() >= kMaxWaiting) {
+            reject(waiting_.front()->fd);
+            waiting_.pop_front();
+        }
+        Limits small = opt_.limits;
+        small.max_body = 0;   // priority requests have no body
+        waiting_.push_back(std::unique_ptr<Waiting>(
+            new Waiting{fd, addr, port, detail::deadline_in(opt_.priority_timeout_ms), Parser(small)}));
+    }
+
+    // Reads what the waiting connections sent; a complete request for a priority path is answered here,
+    // anything else (another path, an error, the deadline) gets 503.
+    void service_waiting(const std::vector<pollfd>& fds, size_t first) {
+        size_t i = first;
+        for (auto it = waiting_.begin(); it != waiting_.end(); ++i) {
+            Waiting& w = **it;
+            Parser::Result r = Parser::Result::NeedMore;
+            bool closed = false;
+            if (i < fds.size() && fds[i].revents) {
+                char buf[4096];
+                ssize_t n = ::recv(w.fd, buf, sizeof buf, MSG_DONTWAIT);
+                if (n > 0) r = w.parser.feed(std::string_view(buf, size_t(n)));
+                closed = n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+            }
+            if (closed) {
+                ::close(w.fd);
+            } else if (r == Parser::Result::Complete && is_priority(w.parser.request())) {
+                Request& req = w.parser.request();
+                req.remote_addr = w.peer_addr;
+                req.remote_port = w.peer_port;
+                req.socket_fd = w.fd;
+                req.keep_alive = false;
+                respond(w.fd, req, kPriorityWriteTimeoutMs);
+                linger(w.fd);
+            } else if (r != Parser::Result::NeedMore || detail::ms_until(w.deadline) == 0) {
+                reject(w.fd);
+            } else {
+                ++it;
+                continue;
+            }
+            it = waiting_.erase(it);
+        }
+    }
+
+    bool is_priority(const Request& req) const {
+        return (req.method == "GET" || req.method == "HEAD") &&
+               std::find(opt_.priority_paths.begin(), opt_.priority_paths.end(), req.path) != opt_.priority_paths.end();
+    }
+
+    // 503 from the accept loop, no thread.
     void reject(int fd) {
         Response res;
         res.set_error(503, "server is busy: too many connections");
         std::string msg = serialize_head(res, false, Framing::Length) + res.body;
         (void)!::send(fd, msg.data(), msg.size(), MSG_NOSIGNAL | MSG_DONTWAIT);   // best effort, fits the socket buffer
+        linger(fd);
+    }
+
+    // The socket lingers (read side drained) so that the client's unread request does not turn our close
+    // into a reset that destroys the response in flight.
+    void linger(int fd) {
         ::shutdown(fd, SHUT_WR);
-        if (lingering_.size() >= 256) { ::close(fd); return; }
+        if (lingering_.size() >= kMaxWaiting) { ::close(fd); return; }
         lingering_.push_back({fd, detail::deadline_in(1000)});
     }
 
-    void service_lingering(const std::vector<pollfd>& fds) {
-        // fds[2..] mirror lingering_ at poll time; entries were only appended since.
-        size_t polled = fds.size() - 2;
+    void service_lingering(const std::vector<pollfd>& fds, size_t end) {
+        // fds[2..end) mirror lingering_ at poll time; entries were only appended since.
+        size_t polled = end - 2;
         std::vector<Lingering> keep;
         for (size_t i = 0; i < lingering_.size(); ++i) {
             Lingering& l = lingering_[i];
@@ -1153,6 +1291,8 @@ private:
         active_.store(0);
         for (const auto& l : lingering_) ::close(l.fd);
         lingering_.clear();
+        for (const auto& w : waiting_) ::close(w->fd);
+        waiting_.clear();
     }
 
     // --- per connection (runs on the connection's thread) ---
@@ -1187,14 +1327,59 @@ private:
         linger_close(c, 2000);
     }
 
+    // Between requests, unless the next one's bytes are already here: the connection may be evicted from
+    // now on. False if it already was.
+    static bool become_idle(Conn& c) {
+        if (detail::poll_one(c.fd, POLLIN, 0) > 0) return true;
+        c.idle_since_ms = now_ms();
+        int expected = Busy;
+        return c.phase.compare_exchange_strong(expected, Idle) || expected == Idle;
+    }
+    // A request is arriving: no eviction until it is answered. False if evicted just before.
+    static bool become_busy(Conn& c) {
+        int expected = Idle;
+        return c.phase.compare_exchange_strong(expected, Busy) || expected == Busy;
+    }
+
+    // The share of max_bytes_in_flight held by one connection's current request.
+    class BytesInFlight {
+    public:
+        BytesInFlight(std::atomic<size_t>& total, size_t limit) : total_(total), limit_(limit) {}
+        ~BytesInFlight() { release(); }
+        bool add(size_t n) {
+            if (total_.fetch_add(n) + n > limit_) {
+                total_.fetch_sub(n);
+                return false;
+            }
+            held_ += n;
+            return true;
+        }
+        void release() {
+            total_.fetch_sub(held_);
+            held_ = 0;
+        }
+
+    private:
+        std::atomic<size_t>& total_;
+        size_t limit_;
+        size_t held_ = 0;
+    };
+
     void serve(Conn& c, const std::string& peer_addr, int peer_port) {
         Parser parser(opt_.limits);
+        BytesInFlight in_flight(bytes_in_flight_, opt_.max_bytes_in_flight);
+        // An error answer lingers up to 2 s: the request's bytes are no longer held meanwhile.
+        auto refuse = [&](int status, std::string_view message) {
+            in_flight.release();
+            send_error_and_close(c, status, message);
+        };
         char buf[16384];
         bool first = true;
         for (;;) {
             // ---- read one request
             Parser::Result r = parser.buffered() ? parser.feed({}) : Parser::Result::NeedMore;
-            bool started = parser.in_progress();
+            bool started = parser.in_progress() || r != Parser::Result::NeedMore;
+            if (!started && !become_idle(c)) return close_conn(c);
             auto request_deadline = detail::deadline_in(opt_.read_timeout_ms);
             auto idle_deadline = detail::deadline_in(first ? opt_.read_timeout_ms : opt_.keep_alive_timeout_ms);
             bool sent_continue = false;
@@ -1202,7 +1387,7 @@ private:
                 int wait;
                 if (started) {
                     wait = detail::ms_until(request_deadline);
-                    if (wait == 0) return send_error_and_close(c, 408, "request timeout");
+                    if (wait == 0) return refuse(408, "request timeout");
                 } else {
                     // Idle: poll in short slices so stop() closes idle keep-alive connections promptly.
                     if (stopping_.load()) return close_conn(c);
@@ -1212,15 +1397,17 @@ private:
                 int ev = detail::poll_one(c.fd, POLLIN, wait);
                 if (ev < 0) return close_conn(c);
                 if (ev == 0) continue;
+                if (!started && !become_busy(c)) return close_conn(c);
                 ssize_t n = ::recv(c.fd, buf, sizeof buf, 0);
                 if (n < 0) {
                     if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) continue;
                     return close_conn(c);
                 }
                 if (n == 0) {
-                    if (started) return send_error_and_close(c, 400, "connection closed before the request was complete");
+                    if (started) return refuse(400, "connection closed before the request was complete");
                     return close_conn(c);
                 }
+                if (!in_flight.add(size_t(n))) return refuse(503, "server is busy: too many request bytes in flight");
                 r = parser.feed(std::string_view(buf, size_t(n)));
                 if (!started && parser.in_progress()) {
                     started = true;
@@ -1231,14 +1418,15 @@ private:
                     if (!detail::send_all(c.fd, "HTTP/1.1 100 Continue\r\n\r\n", opt_.write_timeout_ms)) return close_conn(c);
                 }
             }
-            if (r == Parser::Result::Error) return send_error_and_close(c, parser.error_status(), parser.error_message());
+            if (r == Parser::Result::Error) return refuse(parser.error_status(), parser.error_message());
 
             // ---- answer it
             Request& req = parser.request();
             req.remote_addr = peer_addr;
             req.remote_port = peer_port;
             req.socket_fd = c.fd;
-            bool keep = respond(c.fd, req);
+            bool keep = respond(c.fd, req, opt_.write_timeout_ms);
+            in_flight.release();
             if (!keep) return linger_close(c, 500);
             parser.next();
             first = false;
@@ -1291,7 +1479,7 @@ private:
     }
 
     // Sends the response; returns whether the connection may carry another request.
-    bool respond(int fd, const Request& req) {
+    bool respond(int fd, const Request& req, int write_timeout_ms) {
         Response res;
         dispatch(req, res);
         std::string origin = req.header("origin");
@@ -1308,27 +1496,28 @@ private:
             bool chunked = req.version == "HTTP/1.1";
             if (!chunked) keep = false;   // HTTP/1.0: the body ends with the connection
             ok = detail::send_all(fd, serialize_head(res, keep, chunked ? Framing::Chunked : Framing::Close),
-                                  opt_.write_timeout_ms);
+                                  write_timeout_ms);
             if (ok) {
-                Writer w(fd, chunked, opt_.write_timeout_ms);
+                Writer w(fd, chunked, write_timeout_ms);
                 bool finished = false;
                 try {
                     finished = res.streamer(w);
                 } catch (...) {
                     finished = false;   // headers are out; the only way to signal failure is to cut it short
                 }
-                ok = finished && w.ok() && (!chunked || detail::send_all(fd, "0\r\n\r\n", opt_.write_timeout_ms));
+                ok = finished && w.ok() && (!chunked || detail::send_all(fd, "0\r\n\r\n", write_timeout_ms));
             }
+            res.cut_short = !ok;
         } else {
             if (res.streamer) keep = false;   // HEAD of a stream: headers only, length unknown
             std::string msg = serialize_head(res, keep, res.streamer ? Framing::Close : Framing::Length);
             if (head || res.body.empty()) {
-                ok = detail::send_all(fd, msg, opt_.write_timeout_ms);
+                ok = detail::send_all(fd, msg, write_timeout_ms);
             } else if (res.body.size() <= 65536) {   // one send, one packet with TCP_NODELAY
                 msg += res.body;
-                ok = detail::send_all(fd, msg, opt_.write_timeout_ms);
+                ok = detail::send_all(fd, msg, write_timeout_ms);
             } else {                                  // no copy of a large body
-                ok = detail::send_all(fd, msg, opt_.write_timeout_ms) && detail::send_all(fd, res.body, opt_.write_timeout_ms);
+                ok = detail::send_all(fd, msg, write_timeout_ms) && detail::send_all(fd, res.body, write_timeout_ms);
             }
         }
         if (logger_) {
@@ -1384,8 +1573,12 @@ private:
     int wake_[2] = {-1, -1};   // self-pipe: stop() wakes the accept loop's poll()
     std::atomic<bool> stopping_{false};
     std::atomic<size_t> active_{0};
+    std::atomic<size_t> bytes_in_flight_{0};
     std::list<std::unique_ptr<Conn>> conns_;   // touched by the run() thread only
     std::vector<Lingering> lingering_;         // idem
+    std::list<std::unique_ptr<Waiting>> waiting_;   // idem
+    static constexpr size_t kMaxWaiting = 256;      // also bounds lingering_
+    static constexpr int kPriorityWriteTimeoutMs = 200;   // the accept loop does not wait on a slow reader
 };
 
 // ---------------------------------------------------------------------------------------------------

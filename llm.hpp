@@ -17,12 +17,14 @@
 //   6. SIMD kernels          run-time dispatch (cpuid + XCR0), AVX2 / AVX-512 tiles, 16-row interleaved
 //                            weights and their AVX-512 VNNI kernels, attention scores and weighted sums
 //   7. Weight quantizers     K-quants and IQ4_NL as llama-quantize writes them
-//   8. GGUF writer           streamed v3 output
+//   8. GGUF writer           streamed v3 output; its temp file removed on errors, on signals
+//                            (remove_unfinished_outputs) and, for dead processes, by the next writer
 //   9. Model quantizer       per-tensor type choice of each mix, the streaming driver
 //  10. Tokenizer             unicode tables, SentencePiece, byte-level BPE with pre-tokenizers, specials
 //  11. Chat templates        family detection and byte-exact rendering
 //  12. Thread pool           persistent workers, parallel-for
-//  13. Model                 hyperparameters from metadata, tensor binding per architecture, load-time
+//  13. Model                 hyperparameters from metadata (read_hparams, shared with the quantizer),
+//                            tensor binding per architecture, load-time
 //                            repacking of the matmul weights
 //  14. KV cache              paged cells in f32/f16/q8_0/q4_0/iq4_nl, per-sequence or unified
 //  15. Forward pass          GQA and MLA attention, dense and MoE FFN, one path for prefill and decode
@@ -98,6 +100,10 @@ struct GGUFValue {
     size_t size() const;  // element count of an array
 };
 
+// Rows of a shape: every dimension but the first. A zero dimension is legal, so a row count is never
+// nelements / ne[0]; the parser bounds the product of the non-zero dimensions, so this cannot overflow.
+inline int64_t shape_rows(const int64_t ne[4]) { return ne[1] * ne[2] * ne[3]; }
+
 struct TensorInfo {
     std::string name;
     Type type = Type::F32;
@@ -109,6 +115,7 @@ struct TensorInfo {
     size_t nbytes = 0;
     bool interleaved = false;      // repacked at load, 16 rows at a time (see interleave_rows16)
     int64_t nelements() const { return ne[0] * ne[1] * ne[2] * ne[3]; }
+    int64_t n_rows() const { return shape_rows(ne); }
 };
 
 class MappedFile;  // implementation detail
@@ -251,8 +258,13 @@ struct QuantizeResult {
 QuantizeResult quantize_plan(const GGUF& in, const QuantizeOptions& opt);
 
 // Quantizes in_path to out_path (written to a temporary file renamed at the end: no partial output is left
-// behind on error). Throws Error.
+// behind on error). Validates the hyperparameters as Model::load does first; removes the OUT.tmp.PID files
+// of processes that no longer exist. Throws Error.
 QuantizeResult quantize_model(const std::string& in_path, const std::string& out_path, const QuantizeOptions& opt);
+
+// Deletes the temporary file of every GGUF output being written right now. Async-signal-safe: call it from
+// a SIGTERM/SIGINT/SIGHUP handler, then let the signal kill the process (see quantize.cpp).
+void remove_unfinished_outputs();
 
 // Quantizes n values (n a multiple of 256) to Q2_K..Q6_K, bit-exact with ggml's reference quantizers.
 void quantize_row_kquant(Type t, const float* src, void* dst, int64_t n);
@@ -455,6 +467,10 @@ struct ModelOptions {
     bool interleave = true;      // repack matmul weights for this CPU's fastest kernels (needs use_mmap)
 };
 
+// The file's hyperparameters (general.architecture and ARCH.* keys), validated: the one check Model::load
+// and the quantizer share, so neither accepts a file the other rejects. Throws Error.
+HParams read_hparams(const GGUF& g);
+
 class Model {
 public:
     static std::unique_ptr<Model> load(const std::string& path, const ModelOptions& opt = {});
@@ -656,7 +672,9 @@ void moe_route(const HParams& hp, const float* router_logits, const float* selec
 #include <immintrin.h>
 #endif
 
+#include <dirent.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -1089,13 +1107,17 @@ struct GGUFParser {
             uint32_t n_dims = read<uint32_t>("tensor dimension count");
             if (n_dims < 1 || n_dims > 4) bad("tensor dimension count not in 1..4");
             t.n_dims = (int)n_dims;
-            int64_t total = 1;
+            // Every partial product of the dimensions (rows, elements, bytes at <= 4 per element) must fit:
+            // bound the product of the non-zero ones, since a zero dimension would hide the others.
+            const int64_t max_elements = INT64_MAX / 8;
+            int64_t nonzero_product = 1;
             for (uint32_t d = 0; d < n_dims; d++) {
                 uint64_t ne = read<uint64_t>("tensor dimension");
-                if (ne > (uint64_t)INT64_MAX / 2) bad("tensor dimension too large");
+                if (ne > (uint64_t)max_elements) bad("tensor dimension too large");
                 t.ne[d] = (int64_t)ne;
-                if (t.ne[d] != 0 && total > INT64_MAX / 2 / t.ne[d]) bad("tensor element count overflows");
-                total *= t.ne[d];
+                if (t.ne[d] == 0) continue;
+                if (nonzero_product > max_elements / t.ne[d]) bad("tensor element count overflows");
+                nonzero_product *= t.ne[d];
             }
             uint32_t type = read<uint32_t>("tensor type");
             if (!type_known(type)) {
@@ -1104,7 +1126,7 @@ struct GGUFParser {
             t.type = (Type)type;
             const TypeInfo& ti = type_info(t.type);
             if (t.ne[0] % ti.block_size != 0) bad(("row length of tensor " + t.name + " is not a multiple of its block size").c_str());
-            t.nbytes = row_bytes(t.type, t.ne[0]) * (size_t)(t.ne[1] * t.ne[2] * t.ne[3]);
+            t.nbytes = row_bytes(t.type, t.ne[0]) * (size_t)t.n_rows();
             t.offset = read<uint64_t>("tensor offset");
             if (t.offset % g.alignment) bad(("tensor " + t.name + " offset is not aligned").c_str());
             t.file_index = file_index;
@@ -4056,8 +4078,63 @@ void quantize_row_kquant(Type t, const float* src, void* dst, int64_t n) {
 // 8. GGUF writer (v3), laid out as ggml's gguf writer does: header, metadata, tensor infos, zero padding
 // to the alignment, then each tensor's data padded to the alignment. Tensor data is streamed: the
 // header is written first (all sizes are known up front), then the caller appends each tensor in order.
-// Output goes to PATH.tmp.PID and is renamed to PATH by finish(); an unfinished writer deletes its file.
+// Output goes to PATH.tmp.PID and is renamed to PATH by finish(); an unfinished writer deletes its file,
+// and a signal handler can delete it too (remove_unfinished_outputs). Temp files of dead processes
+// (killed by SIGKILL, a power cut) are removed when the next writer opens the same PATH.
 // ============================================================================================
+
+// Temp paths being written, readable from a signal handler: fixed storage, one atomic state per entry.
+namespace unfinished {
+constexpr int kFree = 0, kClaimed = 1, kActive = 2;
+struct Entry {
+    std::atomic<int> state{kFree};
+    char path[4096];
+};
+inline Entry g_entries[16];
+
+// Claims an entry for path; nullptr when all are taken or the path is too long (then only normal exits
+// and errors clean it up).
+inline Entry* add(const std::string& path) {
+    if (path.size() >= sizeof(Entry::path)) return nullptr;
+    for (Entry& e : g_entries) {
+        int expected = kFree;
+        if (!e.state.compare_exchange_strong(expected, kClaimed)) continue;
+        memcpy(e.path, path.c_str(), path.size() + 1);
+        e.state.store(kActive);
+        return &e;
+    }
+    return nullptr;
+}
+
+inline void release(Entry*& e) {
+    if (e) e->state.store(kFree);
+    e = nullptr;
+}
+}  // namespace unfinished
+
+void remove_unfinished_outputs() {
+    for (unfinished::Entry& e : unfinished::g_entries)
+        if (e.state.load() == unfinished::kActive) unlink(e.path);
+}
+
+// Deletes PATH.tmp.PID files whose process is gone (kill(pid, 0) says ESRCH): leftovers of a writer that
+// could not clean up. Files of live processes, ours included, are kept.
+static void remove_stale_temp_files(const std::string& path) {
+    const size_t slash = path.rfind('/');
+    const std::string dir = slash == std::string::npos ? "." : path.substr(0, slash + 1);
+    const std::string prefix = (slash == std::string::npos ? path : path.substr(slash + 1)) + ".tmp.";
+    DIR* d = opendir(dir.c_str());
+    if (!d) return;
+    while (const dirent* ent = readdir(d)) {
+        const std::string name = ent->d_name;
+        if (name.size() <= prefix.size() || name.size() > prefix.size() + 9 || name.compare(0, prefix.size(), prefix)) continue;
+        const std::string digits = name.substr(prefix.size());
+        if (!std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; })) continue;
+        const long pid = std::stol(digits);
+        if (pid > 0 && kill((pid_t)pid, 0) != 0 && errno == ESRCH) unlink((dir + name).c_str());
+    }
+    closedir(d);
+}
 
 class GGUFWriter {
 public:
@@ -4093,7 +4170,7 @@ public:
         t.name = name;
         t.type = type;
         for (int d = 0; d < 4; d++) t.ne[d] = ne[d];
-        t.nbytes = row_bytes(type, ne[0]) * (size_t)(ne[1] * ne[2] * ne[3]);
+        t.nbytes = row_bytes(type, ne[0]) * (size_t)shape_rows(ne);
         t.offset = data_size_;
         data_size_ += pad(t.nbytes);
         tensors_.push_back(t);
@@ -4106,6 +4183,8 @@ public:
     void open(const std::string& path) {
         path_ = path;
         tmp_ = path + ".tmp." + std::to_string((long)getpid());
+        remove_stale_temp_files(path);
+        registered_ = unfinished::add(tmp_);  // before the file exists: a signal in between finds nothing to delete
         f_ = fopen(tmp_.c_str(), "wb");
         if (!f_) fail("cannot create output file %s (as %s): %s", path.c_str(), tmp_.c_str(), strerror(errno));
         std::vector<uint8_t> meta = meta_bytes();
@@ -4135,8 +4214,10 @@ public:
         if (rename(tmp_.c_str(), path_.c_str()) != 0) {
             int e = errno;
             unlink(tmp_.c_str());
+            unfinished::release(registered_);
             fail("cannot rename %s to %s: %s", tmp_.c_str(), path_.c_str(), strerror(e));
         }
+        unfinished::release(registered_);
         tmp_.clear();
     }
     // Drops an unfinished output file.
@@ -4144,6 +4225,7 @@ public:
         if (f_) fclose(f_);
         f_ = nullptr;
         if (!tmp_.empty()) unlink(tmp_.c_str());
+        unfinished::release(registered_);
         tmp_.clear();
     }
 
@@ -4159,6 +4241,7 @@ private:
     std::vector<Info> tensors_;
     size_t data_size_ = 0;
     std::string path_, tmp_;
+    unfinished::Entry* registered_ = nullptr;  // tmp_ as the signal handler sees it
     FILE* f_ = nullptr;
     size_t next_ = 0, written_ = 0;
 
@@ -4497,7 +4580,7 @@ std::vector<const TensorInfo*> output_order(const GGUF& in) {
     return v;
 }
 
-size_t tensor_bytes(Type t, const TensorInfo& ti) { return row_bytes(t, ti.ne[0]) * (size_t)(ti.nelements() / ti.ne[0]); }
+size_t tensor_bytes(Type t, const TensorInfo& ti) { return row_bytes(t, ti.ne[0]) * (size_t)ti.n_rows(); }
 
 // Converts one row of any input type to float.
 void row_to_f32(const TensorInfo& t, int64_t row, float* out) {
@@ -4561,7 +4644,7 @@ void quantize_rows(const TensorInfo& t, Type type, int64_t r0, int64_t r1, uint8
     const int64_t n = t.ne[0];
     const size_t rb = row_bytes(type, n);
     std::atomic<int64_t> next{r0};
-    const int64_t chunk = std::max<int64_t>(1, 16384 / n);
+    const int64_t chunk = std::max<int64_t>(1, 16384 / std::max<int64_t>(n, 1));  // rows per claim; n may be 0
     std::exception_ptr error;
     std::mutex error_mutex;
     auto work = [&] {
@@ -4649,6 +4732,7 @@ QuantizeResult quantize_model(const std::string& in_path, const std::string& out
     using namespace qmix;
     const double t0 = now_seconds();
     std::unique_ptr<GGUF> in = GGUF::open(in_path);
+    read_hparams(*in);  // no output for a file the loader would reject
     QuantizeResult res = quantize_plan(*in, opt);
     int n_threads = opt.n_threads > 0 ? opt.n_threads : (int)std::max(1u, std::thread::hardware_concurrency());
 
@@ -4671,7 +4755,7 @@ QuantizeResult quantize_model(const std::string& in_path, const std::string& out
             if (e.type == t.type) {
                 w.write_data(t.data, t.nbytes);
             } else {
-                const int64_t nrows = t.nelements() / t.ne[0];
+                const int64_t nrows = t.n_rows();
                 const size_t rb = row_bytes(e.type, t.ne[0]);
                 const int64_t batch = std::max<int64_t>(1, (int64_t)(kBatchBytes / std::max<size_t>(rb, 1)));
                 for (int64_t r0 = 0; r0 < nrows; r0 += batch) {
@@ -6881,21 +6965,26 @@ static Arch arch_from_string(const std::string& s) {
     fail("unsupported model architecture '%s' (supported: llama, qwen2, qwen3, gemma3, qwen3moe, deepseek2)", s.c_str());
 }
 
-// Reads ARCH.key as a positive int; a per-layer array is accepted when all layers agree.
+// Reads ARCH.key as an int; a per-layer array is accepted when all layers agree. A value beyond int's
+// range is an error, not truncated (2^32 + 8 layers must not read as 8).
 static int64_t hparam_int(const GGUF& g, const std::string& key, int64_t def, bool required) {
     const GGUFValue* v = g.find(key);
     if (!v) {
         if (required) fail("model metadata lacks %s", key.c_str());
         return def;
     }
+    double value;
     if (v->is_array()) {
         if (v->arr_num.empty()) fail("metadata %s is an empty or non-numeric array", key.c_str());
         for (double x : v->arr_num) {
             if (x != v->arr_num[0]) fail("metadata %s varies per layer, which is not supported", key.c_str());
         }
-        return (int64_t)v->arr_num[0];
+        value = v->arr_num[0];
+    } else {
+        value = (double)g.get_int(key, def);
     }
-    return g.get_int(key, def);
+    if (!(value >= INT32_MIN && value <= INT32_MAX)) fail("metadata %s is out of range", key.c_str());
+    return (int64_t)value;
 }
 
 size_t Model::weight_bytes() const {
@@ -6939,11 +7028,11 @@ struct TensorBinder {
     }
 };
 
-static void load_hparams(Model& m) {
-    const GGUF& g = *m.gguf;
-    HParams& hp = m.hp;
-    const std::string a = m.arch_str + ".";
-    hp.arch = arch_from_string(m.arch_str);
+HParams read_hparams(const GGUF& g) {
+    HParams hp;
+    const std::string arch = g.get_str("general.architecture", "");
+    const std::string a = arch + ".";
+    hp.arch = arch_from_string(arch);
     hp.n_embd = (int)hparam_int(g, a + "embedding_length", 0, true);
     hp.n_layer = (int)hparam_int(g, a + "block_count", 0, true);
     hp.n_ff = (int)hparam_int(g, a + "feed_forward_length", 0, false);
@@ -7042,6 +7131,7 @@ static void load_hparams(Model& m) {
     int64_t vocab_meta = hparam_int(g, a + "vocab_size", 0, false);
     hp.n_vocab = (int)(vocab_meta > 0 ? vocab_meta : (embd ? embd->ne[1] : 0));
     if (hp.n_vocab <= 0) fail("cannot determine the vocabulary size");
+    return hp;
 }
 
 // A view of slice `index` of a stacked tensor (experts, heads): `rows` rows of ne[0] elements.
@@ -7191,7 +7281,7 @@ static void bind_tensors(Model& m) {
 static std::vector<const uint8_t*> interleave_weights(Model& m) {
     std::vector<TensorInfo*> todo;  // experts' views, in place; dense weights, as copies
     auto dense = [&](const TensorInfo** w) {
-        if (!*w || !interleave_supported((*w)->type, (*w)->ne[0], (*w)->ne[1] * (*w)->ne[2] * (*w)->ne[3])) return;
+        if (!*w || !interleave_supported((*w)->type, (*w)->ne[0], (*w)->n_rows())) return;
         m.interleaved.push_back(std::make_unique<TensorInfo>(**w));
         *w = m.interleaved.back().get();
         todo.push_back(m.interleaved.back().get());
@@ -7257,7 +7347,7 @@ std::unique_ptr<Model> Model::load(const std::string& path, const ModelOptions& 
     if (opt.vocab_only) return m;
     m->arch_str = m->gguf->get_str("general.architecture", "");
     if (m->arch_str.empty()) fail("%s: no general.architecture (a vocabulary-only file?)", path.c_str());
-    load_hparams(*m);
+    m->hp = read_hparams(*m->gguf);
     if (opt.metadata_only) return m;
     bind_tensors(*m);
     std::vector<const uint8_t*> replaced;

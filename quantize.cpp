@@ -4,10 +4,26 @@
 #define LLM_IMPLEMENTATION
 #include "llm.hpp"
 
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <string>
 #include <vector>
+
+// Deletes the unfinished output, then dies of the same signal (SA_RESETHAND restored the default action),
+// so the parent sees the usual status of a killed process.
+static void on_fatal_signal(int sig) {
+    llm::remove_unfinished_outputs();
+    raise(sig);
+}
+
+static void remove_output_on_signals() {
+    struct sigaction sa {};
+    sa.sa_handler = on_fatal_signal;
+    sa.sa_flags = SA_RESETHAND;
+    sigemptyset(&sa.sa_mask);
+    for (int sig : {SIGTERM, SIGINT, SIGHUP}) sigaction(sig, &sa, nullptr);
+}
 
 static void usage(FILE* f) {
     fprintf(f,
@@ -28,6 +44,7 @@ static void usage(FILE* f) {
 }
 
 int main(int argc, char** argv) {
+    remove_output_on_signals();
     llm::QuantizeOptions opt;
     std::vector<std::string> pos;
     try {

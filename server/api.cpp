@@ -175,7 +175,37 @@ void Api::attach(const llm::Model& model, Scheduler& sched, const ChatTemplate& 
     n_ctx_slot_ = sched.n_ctx_slot();
     n_ctx_total_ = n_ctx_total;
     n_vocab_ = model.hp.n_vocab;
+    for (int32_t id = 0; id < model.vocab.n_tokens(); id++)
+        max_token_bytes_ = std::max(max_token_bytes_, model.vocab.token_to_piece(id, true).size());
     ready_ = true;
+}
+
+// A text of more than max_token_bytes_ bytes per context cell cannot fit a slot whatever it tokenizes
+// to: refuse it before tokenizing (which costs memory and time outside the scheduler's threads).
+void Api::check_prompt_bytes(size_t bytes) const {
+    if (bytes / max_token_bytes_ >= (size_t)n_ctx_slot_) {
+        throw ApiError(400, "the prompt (" + std::to_string(bytes) + " bytes, at least " + std::to_string(bytes / max_token_bytes_) +
+                                " tokens) exceeds the context of a slot (" + std::to_string(n_ctx_slot_) + " tokens)",
+                       "exceed_context_size_error");
+    }
+}
+
+// A body this large cannot carry a prompt that fits a slot: each context cell stands for at most
+// max_token_bytes_ of text, written as at most 6 JSON bytes per byte (\u00XX), or for one token id of
+// at most 12 characters; 1 MiB more for the other fields. Refused before parsing: the JSON copy of a
+// 16 MB prompt costs 2-3 times its size.
+void Api::check_body_bytes(size_t bytes) const {
+    const size_t per_cell = std::max<size_t>(6 * max_token_bytes_, 12);
+    if (bytes > per_cell * (size_t)n_ctx_slot_ + (1u << 20)) {
+        throw ApiError(400, "the request (" + std::to_string(bytes) + " bytes) cannot hold a prompt that fits the context of a slot (" +
+                                std::to_string(n_ctx_slot_) + " tokens)", "exceed_context_size_error");
+    }
+}
+
+// A query flag as llama-server reads it: present and not "0" / "false".
+static bool flag_param(const http::Request& req, const char* name) {
+    std::string f = req.param(name);
+    return !f.empty() && f != "0" && f != "false";
 }
 
 TaskParams Api::parse_params(const json& b, ApiKind kind) const {
@@ -227,6 +257,7 @@ TaskParams Api::parse_params(const json& b, ApiKind kind) const {
 }
 
 std::vector<int32_t> Api::tokenize_prompt(const std::string& text) const {
+    check_prompt_bytes(text.size());
     const llm::Vocab& v = model_->vocab;
     std::vector<int32_t> ids = v.tokenize(text, true, true);
     // A template that writes bos_token itself, tokenized with the model's own BOS: keep one.
@@ -242,12 +273,13 @@ std::vector<int32_t> Api::parse_prompt(const json& p) const {
         if (md && !(md->is_array() && md->empty())) throw ApiError(400, "multimodal_data: this build has no multimodal input", "not_supported_error");
         const json* ps = opt_field(p, "prompt_string");
         if (!ps || !ps->is_string()) bad_field("prompt_string", "a string");
-        return tokenize_prompt(ps->get<std::string>());
+        return tokenize_prompt(ps->get_ref<const std::string&>());
     }
-    if (p.is_string()) return tokenize_prompt(p.get<std::string>());
+    if (p.is_string()) return tokenize_prompt(p.get_ref<const std::string&>());
     if (!p.is_array()) bad_field("prompt", "a string, an array of token ids, or an array of prompts");
     std::vector<int32_t> ids;
     bool first = true;
+    size_t text_bytes = 0;
     for (const json& x : p) {
         if (x.is_number_integer()) {
             int64_t id = x.get<int64_t>();
@@ -257,7 +289,9 @@ std::vector<int32_t> Api::parse_prompt(const json& p) const {
             }
             ids.push_back((int32_t)id);
         } else if (x.is_string()) {
-            std::vector<int32_t> t = model_->vocab.tokenize(x.get<std::string>(), first, true);
+            text_bytes += x.get_ref<const std::string&>().size();
+            check_prompt_bytes(text_bytes + ids.size() * max_token_bytes_);
+            std::vector<int32_t> t = model_->vocab.tokenize(x.get_ref<const std::string&>(), first, true);
             ids.insert(ids.end(), t.begin(), t.end());
         } else {
             bad_field("prompt", "a string or an array of token ids and strings");
@@ -429,10 +463,11 @@ Api::Completion Api::collect(const std::shared_ptr<Channel>& ch, const http::Req
     Completion c;
     for (;;) {
         Result r;
-        if (!ch->pop(r, 100)) {
-            if (!req.client_connected()) throw ApiError(400, "client disconnected");
-            continue;
-        }
+        // Liveness after every result, not only while waiting: a steady stream of tokens must not hide
+        // a disconnect.
+        const bool got = ch->pop(r, 100);
+        if (!req.client_connected()) throw ApiError(400, "client disconnected");
+        if (!got) continue;
         if (r.kind == Result::Error) throw ApiError(r.status, r.message, r.err_type);
         if (r.kind == Result::Progress) continue;
         c.content += r.text;
@@ -548,11 +583,9 @@ bool Api::stream_all(const Generation& g, const std::vector<std::shared_ptr<Chan
     std::vector<bool> finished(chs.size(), false);
     size_t n_finished = 0;
     while (n_finished < chs.size()) {
-        bool any = false;
         for (size_t i = 0; i < chs.size(); i++) {
             Result r;
             if (finished[i] || !chs[i]->pop(r, chs.size() == 1 ? 100 : 5)) continue;
-            any = true;
             if (r.kind == Result::Error) {
                 cancel_all();
                 json e = json::parse(http::error_json(r.status, r.message, r.err_type));
@@ -562,12 +595,13 @@ bool Api::stream_all(const Generation& g, const std::vector<std::shared_ptr<Chan
             if (!w.write(stream_events(g, r, (int)i))) { cancel_all(); return false; }
             if (r.kind == Result::Final) { finished[i] = true; n_finished++; }
         }
-        if (!any && !w.alive()) { cancel_all(); return false; }
+        if (!w.alive()) { cancel_all(); return false; }   // every round: results need not pause for it
     }
     return g.kind == ApiKind::Completion || w.write("data: [DONE]\n\n");
 }
 
 void Api::handle_generate(const http::Request& req, http::Response& res, ApiKind kind) {
+    check_body_bytes(req.body.size());
     json b = parse_body(req.body);
     Generation g;
     g.kind = kind;
@@ -701,8 +735,7 @@ void Api::handle_slots(const http::Request& req, http::Response& res) {
                         {{"has_next_token", v.busy}, {"has_new_line", v.has_new_line}, {"n_remain", v.n_remain},
                          {"n_decoded", v.n_decoded}, {"stopping_word", ""}}}});
     }
-    std::string f = req.param("fail_on_no_slot");
-    if (!f.empty() && f != "0" && f != "false" && !any_idle) throw ApiError(503, "no slot available", "unavailable_error");
+    if (flag_param(req, "fail_on_no_slot") && !any_idle) throw ApiError(503, "no slot available", "unavailable_error");
     res.set_json(dump(arr));
 }
 
@@ -787,6 +820,18 @@ void Api::handle_metrics(http::Response& res) {
 
 // /models and /v1/models: OpenAI's list with llama-server's fields (one entry), and the Ollama-style
 // "models" list llama-server adds.
+// As llama-server: 503 while loading; with ?fail_on_no_slot=1 also 503 "no slot available" when every slot
+// is busy (a readiness probe: route new work elsewhere). Answered from the accept loop when connections
+// are short, so it only reads the scheduler's counters.
+void Api::handle_health(const http::Request& req, http::Response& res) {
+    if (!ready_.load()) return res.set_error(503, "Loading model", "unavailable_error");
+    if (!req.has_param("fail_on_no_slot")) return res.set_json("{\"status\":\"ok\"}");
+    const int busy = sched_->load().busy, idle = std::max(0, n_slots_ - busy);
+    const bool refuse = flag_param(req, "fail_on_no_slot") && idle == 0;
+    res.set_json(dump(json{{"status", refuse ? "no slot available" : "ok"}, {"slots_idle", idle}, {"slots_processing", busy}}),
+                 refuse ? 503 : 200);
+}
+
 void Api::handle_models(http::Response& res) {
     const llm::HParams& hp = model_->hp;
     const std::string id = model_id();
@@ -848,10 +893,7 @@ void Api::install(http::Server& srv) {
             }
         };
     };
-    auto health = [this](const http::Request&, http::Response& res) {
-        if (ready_.load()) res.set_json("{\"status\":\"ok\"}");
-        else res.set_error(503, "Loading model", "unavailable_error");
-    };
+    auto health = [this](const http::Request& q, http::Response& r) { handle_health(q, r); };
     route("GET", "/health", health);
     route("GET", "/v1/health", health);
     auto gen = [&](ApiKind k) { return wrap([this, k](const http::Request& q, http::Response& r) { handle_generate(q, r, k); }); };
@@ -889,9 +931,14 @@ void Api::install(http::Server& srv) {
         res.set_error(503, "Loading model", "unavailable_error");
         return false;
     });
-    srv.set_logger([is_health](const http::Request& r, const http::Response& res) {
+    srv.set_logger([is_health, &srv](const http::Request& r, const http::Response& res) {
         if (res.status == 200 && is_health(r.path)) return;
-        log_msg('I', "http: %s:%d %s %s -> %d", r.remote_addr.c_str(), r.remote_port, r.method.c_str(), r.path.c_str(), res.status);
+        if (res.cut_short) {
+            log_msg('W', "http: %s:%d %s %s -> %d, stream cut short (%s)", r.remote_addr.c_str(), r.remote_port, r.method.c_str(),
+                    r.path.c_str(), res.status, srv.stopping() ? "shutdown grace period over" : "client gone");
+        } else {
+            log_msg('I', "http: %s:%d %s %s -> %d", r.remote_addr.c_str(), r.remote_port, r.method.c_str(), r.path.c_str(), res.status);
+        }
         if (log_enabled('D') && !r.body.empty()) log_msg('D', "http: request body: %.2000s", r.body.c_str());
     });
 }

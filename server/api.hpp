@@ -67,6 +67,7 @@ private:
     void handle_slot_action(const http::Request& req, http::Response& res, int slot);
     void handle_metrics(http::Response& res);
     void handle_models(http::Response& res);
+    void handle_health(const http::Request& req, http::Response& res);
 
     // ---- requests
     TaskParams parse_params(const json& b, ApiKind kind) const;
@@ -75,6 +76,8 @@ private:
     void check_fits(const std::vector<int32_t>& prompt) const;
     std::string render_chat(const json& b) const;
     std::vector<int32_t> tokenize_prompt(const std::string& text) const;
+    void check_prompt_bytes(size_t bytes) const;
+    void check_body_bytes(size_t bytes) const;
     std::vector<std::shared_ptr<Channel>> submit_all(const std::vector<std::vector<int32_t>>& prompts, const TaskParams& p);
     Completion collect(const std::shared_ptr<Channel>& ch, const http::Request& req);
 
@@ -96,6 +99,7 @@ private:
     Scheduler* sched_ = nullptr;
     ChatTemplate chat_;
     int n_slots_ = 1, n_ctx_slot_ = 0, n_ctx_total_ = 0, n_vocab_ = 0;
+    size_t max_token_bytes_ = 1;  // the longest text one token can stand for (specials included)
 };
 
 }  // namespace srv

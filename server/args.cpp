@@ -446,6 +446,9 @@ const std::vector<Flag>& flags() {
          [](Options& o, const Arg& a) { o.srv.max_queue = a.to_int(); }},
         {{"--max-connections"}, {}, nullptr, "N", G::Server, "concurrent connections (default 64)",
          [](Options& o, const Arg& a) { o.srv.max_connections = a.to_int(); }},
+        {{"--max-connections-per-client"}, {}, nullptr, "N", G::Server,
+         "of those, from one client address (default: half of --max-connections; behind a proxy, raise it)",
+         [](Options& o, const Arg& a) { o.srv.max_connections_per_client = a.to_int(); }},
         {{"--shutdown-grace"}, {}, nullptr, "S", G::Server, "on SIGTERM/SIGINT, time in-flight requests get to finish (default 10)",
          [](Options& o, const Arg& a) { o.srv.shutdown_grace_s = a.to_int(); }},
 

@@ -18,12 +18,17 @@ namespace srv {
 
 namespace {
 
-// ---- Signals: the first SIGINT/SIGTERM stops accepting and drains; a second one exits at once ----
+// ---- Signals: the first SIGINT/SIGTERM stops accepting and drains; a second one exits at once with
+// status 1 and llama-server's message ----
 std::atomic<bool> g_stop_requested{false};
 http::Server* g_http = nullptr;
 
 void on_stop_signal(int) {
-    if (g_stop_requested.exchange(true)) _exit(130);
+    if (g_stop_requested.exchange(true)) {
+        static const char msg[] = "Received second interrupt, terminating immediately.\n";
+        (void)!write(2, msg, sizeof msg - 1);
+        _exit(1);
+    }
     if (g_http) g_http->stop();  // async-signal-safe: an atomic store and a write to a pipe
 }
 
@@ -31,8 +36,9 @@ void on_stop_signal(int) {
 void check_server_options(const ServerOptions& so) {
     if (so.port < 0 || so.port > 65535) usage_error("--port must be in 0..65535");
     if (so.n_ubatch <= 0) usage_error("--ubatch-size must be positive");
-    if (so.max_queue < 0 || so.shutdown_grace_s < 0 || so.timeout_s <= 0 || so.max_connections <= 0) {
-        usage_error("--max-queue and --shutdown-grace must not be negative, --timeout and --max-connections must be positive");
+    if (so.max_queue < 0 || so.shutdown_grace_s < 0 || so.timeout_s <= 0 || so.max_connections <= 0 ||
+        so.max_connections_per_client < 0) {
+        usage_error("--max-queue, --shutdown-grace and --max-connections-per-client must not be negative, --timeout and --max-connections must be positive");
     }
 }
 
@@ -151,6 +157,8 @@ int run_server(const Options& o) {
     ho.write_timeout_ms = so.timeout_s * 1000;
     ho.shutdown_grace_ms = so.shutdown_grace_s * 1000;
     ho.max_connections = so.max_connections;
+    ho.max_connections_per_client = so.max_connections_per_client;
+    ho.priority_paths = {so.api_prefix + "/health", so.api_prefix + "/v1/health", so.api_prefix + "/metrics"};
     ho.server_name = "llm-server";
     ho.cors_echo_origin = true;  // as llama-server: the Origin is reflected, credentials allowed
     http::Server srv(ho);

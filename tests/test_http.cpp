@@ -12,6 +12,10 @@
 #include <string>
 #include <thread>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
 namespace {
 
 using http::Parser;
@@ -471,31 +475,208 @@ TEST_CASE("http server: slow and idle clients time out") {
     check_still_serving(port);
 }
 
-TEST_CASE("http server: connections beyond max_connections get 503") {
+// A handler that holds its connection busy until release(): a client that cannot be evicted.
+struct Gate {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool open = false;
+    std::atomic<int> entered{0};
+    void add_route(http::Server& s) {
+        s.route("POST", "/block", [this](const http::Request&, http::Response& res) {
+            entered++;
+            std::unique_lock<std::mutex> lock(mu);
+            cv.wait_for(lock, 10s, [this] { return open; });
+            res.set_content("done", "text/plain");
+        });
+    }
+    void release() {
+        std::lock_guard<std::mutex> lock(mu);
+        open = true;
+        cv.notify_all();
+    }
+    void wait_entered(int n) {
+        for (int i = 0; i < 500 && entered < n; ++i) std::this_thread::sleep_for(10ms);
+    }
+};
+
+// A started test server with the basic routes and a Gate.
+struct GatedServer {
+    Gate gate;        // outlives the server: handlers may still wait in it while it stops
+    TestServer ts;
+    explicit GatedServer(http::Options o) : ts(std::move(o)) {
+        add_basic_routes(ts.srv);
+        gate.add_route(ts.srv);
+        ts.start();
+    }
+    int port() const { return ts.port(); }
+    // A client whose request waits in the gate until release(): a connection that cannot be evicted.
+    std::thread busy_client(std::string body = "x") {
+        return std::thread([this, body] {
+            http::Client x("127.0.0.1", port());
+            CHECK(x.request("POST", "/block", body).status == 200);
+        });
+    }
+};
+
+// A raw connection from a chosen loopback source address (Linux routes all of 127.0.0.0/8 to lo).
+int connect_from(const char* source, int port) {
+    int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    REQUIRE(fd >= 0);
+    sockaddr_in src{};
+    src.sin_family = AF_INET;
+    inet_pton(AF_INET, source, &src.sin_addr);
+    REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&src), sizeof src) == 0);
+    http::detail::SockAddr dst = http::detail::make_sockaddr("127.0.0.1", port);
+    REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&dst.ss), dst.len) == 0);
+    return fd;
+}
+
+// Status of one GET /hello sent on fd (0 when the server closed without an answer).
+int status_of_get(int fd, const char* path = "/hello") {
+    std::string req = std::string("GET ") + path + " HTTP/1.1\r\nConnection: close\r\n\r\n";
+    if (::send(fd, req.data(), req.size(), MSG_NOSIGNAL) < 0) return 0;
+    std::string got;
+    char buf[4096];
+    for (ssize_t n; http::detail::poll_one(fd, POLLIN, 3000) > 0 && (n = ::recv(fd, buf, sizeof buf, 0)) > 0;) got.append(buf, size_t(n));
+    ::close(fd);
+    return got.size() > 12 ? std::atoi(got.c_str() + 9) : 0;
+}
+
+TEST_CASE("http server: busy connections beyond max_connections get 503; idle ones make room") {
     http::Options o = TestServer::options();
     o.max_connections = 2;
-    TestServer ts(o);
-    add_basic_routes(ts.srv);
-    ts.start();
-    int port = ts.port();
+    o.max_connections_per_client = 2;
+    GatedServer gs(o);
+    int port = gs.port();
 
-    http::Client a("127.0.0.1", port), b("127.0.0.1", port);
-    CHECK(a.request("GET", "/hello").status == 200);
-    CHECK(b.request("GET", "/hello").status == 200);
-    for (int i = 0; i < 100 && ts.srv.active_connections() < 2; ++i) std::this_thread::sleep_for(10ms);
+    {   // Two idle keep-alive connections fill the pool, but a third client evicts the longest idle one.
+        http::Client a("127.0.0.1", port), b("127.0.0.1", port);
+        CHECK(a.request("GET", "/hello").status == 200);
+        std::this_thread::sleep_for(20ms);
+        CHECK(b.request("GET", "/hello").status == 200);
+        http::Client c("127.0.0.1", port);
+        CHECK(c.request("GET", "/hello").status == 200);
+        CHECK(a.wait_closed(2000));   // the oldest idle one went
+        CHECK(b.request("GET", "/hello").status == 200);
+    }
+    for (int i = 0; i < 200 && gs.ts.srv.active_connections() > 0; ++i) std::this_thread::sleep_for(10ms);
 
+    // Two busy connections cannot be evicted: the next one gets 503 (and /health-like priority paths
+    // would still be answered, see below).
+    std::thread t1 = gs.busy_client(), t2 = gs.busy_client();
+    gs.gate.wait_entered(2);
     http::Client c("127.0.0.1", port);
     auto r = c.request("GET", "/hello");
     CHECK(r.status == 503);
     CHECK(is_json_error(r.body, 503, "unavailable_error"));
     CHECK_FALSE(c.is_open());
+    gs.gate.release();
+    t1.join();
+    t2.join();
+    check_still_serving(port);
+}
 
-    // A slot frees up once a connection ends.
-    a.close();
-    for (int i = 0; i < 200 && ts.srv.active_connections() >= 2; ++i) std::this_thread::sleep_for(10ms);
-    http::Client d("127.0.0.1", port);
-    CHECK(d.request("GET", "/hello").status == 200);
-    CHECK(b.request("GET", "/hello").status == 200);
+TEST_CASE("http server: one client address cannot take every connection") {
+    http::Options o = TestServer::options();
+    o.max_connections = 8;
+    o.max_connections_per_client = 2;
+    GatedServer gs(o);
+    int port = gs.port();
+    std::thread t1 = gs.busy_client(), t2 = gs.busy_client();
+    gs.gate.wait_entered(2);
+    CHECK(status_of_get(connect_from("127.0.0.1", port)) == 503);   // its limit is reached
+    CHECK(status_of_get(connect_from("127.0.0.2", port)) == 200);   // another address is served
+    gs.gate.release();
+    t1.join();
+    t2.join();
+}
+
+TEST_CASE("http server: /health and /metrics answer within 1 s while 64 idle and 100 trickling connections are open") {
+    http::Options o = TestServer::options();   // max_connections 64, per client 32
+    o.read_timeout_ms = 20000;
+    TestServer ts(o);
+    add_basic_routes(ts.srv);
+    std::atomic<int> health_calls{0};
+    ts.srv.route("GET", "/health", [&](const http::Request&, http::Response& res) {
+        health_calls++;
+        res.set_json("{\"status\":\"ok\"}");
+    });
+    ts.srv.route("GET", "/metrics", [](const http::Request&, http::Response& res) { res.set_content("up 1\n", "text/plain"); });
+    ts.start();
+    int port = ts.port();
+
+    std::vector<std::unique_ptr<http::Client>> idle, trickling;
+    for (int i = 0; i < 64; ++i) {
+        idle.push_back(std::make_unique<http::Client>("127.0.0.1", port, 5000));
+        idle.back()->connect();
+    }
+    for (int i = 0; i < 100; ++i) {
+        trickling.push_back(std::make_unique<http::Client>("127.0.0.1", port, 5000));
+        try { trickling.back()->send_raw("GET /hello HTTP/1.1\r\nX-Slow: "); } catch (const std::exception&) {}
+    }
+    std::atomic<bool> done{false};
+    std::thread trickle([&] {   // one byte per connection every 500 ms: never a complete request
+        while (!done) {
+            for (auto& t : trickling)
+                if (t->is_open()) (void)!::send(t->fd(), "z", 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+            for (int i = 0; i < 50 && !done; ++i) std::this_thread::sleep_for(10ms);
+        }
+    });
+    std::this_thread::sleep_for(300ms);   // let the server take them all in
+    for (int round = 0; round < 3; ++round) {
+        for (const char* path : {"/health", "/metrics"}) {
+            CAPTURE(path);
+            auto t0 = std::chrono::steady_clock::now();
+            http::Client c("127.0.0.1", port, 2000);
+            auto r = c.request("GET", path);
+            CHECK(r.status == 200);
+            CHECK(std::chrono::steady_clock::now() - t0 < 1s);
+        }
+    }
+    CHECK(health_calls == 3);
+    // Ordinary requests are refused while the pool is full of busy connections, and quickly.
+    auto t0 = std::chrono::steady_clock::now();
+    http::Client c("127.0.0.1", port, 2000);
+    CHECK(c.request("GET", "/hello").status == 503);
+    CHECK(std::chrono::steady_clock::now() - t0 < 1s);
+    // The idle connections were closed to make room for the others.
+    int closed = 0;
+    for (auto& i : idle) closed += i->wait_closed(0);
+    CHECK(closed >= 32);
+    done = true;
+    trickle.join();
+    trickling.clear();
+    idle.clear();
+    for (int i = 0; i < 300 && ts.srv.active_connections() > 0; ++i) std::this_thread::sleep_for(10ms);
+    check_still_serving(port);
+}
+
+TEST_CASE("http server: the bytes of all requests in flight are bounded") {
+    http::Options o = TestServer::options();
+    o.max_bytes_in_flight = 1 << 20;
+    GatedServer gs(o);
+    int port = gs.port();
+    const std::string body(600 * 1024, 'b');
+    std::thread first = gs.busy_client(body);
+    gs.gate.wait_entered(1);
+    {   // 600 KB are held by the blocked request: another 600 KB do not fit in 1 MB.
+        http::Client x("127.0.0.1", port);
+        auto r = x.request("POST", "/echo", body);
+        CHECK(r.status == 503);
+        CHECK(r.body.find("in flight") != std::string::npos);
+    }
+    gs.gate.release();
+    first.join();
+    // Released once the response is out (the client may see it a moment before): fits again.
+    http::ClientResponse r;
+    for (int i = 0; i < 20; ++i) {
+        http::Client x("127.0.0.1", port);
+        r = x.request("POST", "/echo", body);
+        if (r.status != 503) break;
+        std::this_thread::sleep_for(50ms);
+    }
+    CHECK(r.status == 200);
+    CHECK(r.body.size() == body.size());
 }
 
 TEST_CASE("http server: 404/405 JSON errors, CORS, OPTIONS, auth, handler exceptions") {

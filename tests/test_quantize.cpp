@@ -6,6 +6,9 @@
 #include <cstring>
 #include <functional>
 #include <map>
+#include <csignal>
+#include <fcntl.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "../llm.hpp"
@@ -298,4 +301,123 @@ TEST_CASE("quantize: round trip of random data stays within each type's error bo
         MESSAGE(std::string(llm::type_info(t).name) << " relative RMS error " << rel);
         CHECK(rel < bound);
     }
+}
+
+namespace {
+
+// A minimal llama file: valid hyperparameters (each overridable), a tensor with a zero dimension and an
+// ordinary one. Tensor data: 32 x 2 floats.
+std::string tiny_file(const std::map<std::string, uint32_t>& overrides = {}, std::vector<uint64_t> zero_shape = {0, 4}) {
+    std::map<std::string, uint32_t> hp = {{"llama.embedding_length", 64}, {"llama.block_count", 1},
+                                          {"llama.attention.head_count", 2}, {"llama.context_length", 128},
+                                          {"llama.vocab_size", 16}};
+    for (const auto& [k, v] : overrides) hp[k] = v;
+    testutil::GGUFBuilder b;
+    b.header(3, 2, 1 + hp.size()).kv_str("general.architecture", "llama");
+    for (const auto& [k, v] : hp) b.kv_u32(k, v);
+    b.tensor("zero.weight", zero_shape, 0, 0).tensor("one.weight", {32, 2}, 0, 0).pad();
+    for (int i = 0; i < 64; i++) b.put<float>((float)i / 8);
+    return b.b;
+}
+
+// Runs llm-quantize ARGS in the background; returns its pid.
+pid_t spawn_quantize(const std::vector<std::string>& args) {
+    pid_t pid = fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+        std::vector<char*> argv = {(char*)"./llm-quantize"};
+        for (const std::string& a : args) argv.push_back((char*)a.c_str());
+        argv.push_back(nullptr);
+        int devnull = open("/dev/null", O_WRONLY);
+        dup2(devnull, 2);
+        execv(argv[0], argv.data());
+        _exit(127);
+    }
+    return pid;
+}
+
+}  // namespace
+
+TEST_CASE("quantize: a zero dimension is legal for the loader and the quantizer; overflowing shapes are refused") {
+    TempDir tmp;
+    testutil::write_file(tmp.file("zero.gguf"), tiny_file());
+    auto g = llm::GGUF::open(tmp.file("zero.gguf"));
+    const llm::TensorInfo* z = g->tensor("zero.weight");
+    REQUIRE(z);
+    CHECK(z->nelements() == 0);
+    CHECK(z->n_rows() == 4);
+    CHECK(z->nbytes == 0);
+    // The loader gets past the shapes and fails on what is missing, with a message.
+    CHECK(error_of([&] { llm::Model::load(tmp.file("zero.gguf")); }).find("token_embd") != std::string::npos);
+
+    auto o = options("Q8_0");
+    o.dry_run = true;   // the plan alone divided by ne[0] (SIGFPE)
+    CHECK(llm::quantize_model(tmp.file("zero.gguf"), "", o).bytes_in == 256);
+    llm::quantize_model(tmp.file("zero.gguf"), tmp.file("out.gguf"), options("Q8_0"));
+    auto q = llm::GGUF::open(tmp.file("out.gguf"));
+    const llm::TensorInfo* qz = q->tensor("zero.weight");
+    REQUIRE(qz);
+    CHECK(qz->ne[0] == 0);
+    CHECK(qz->ne[1] == 4);
+    CHECK(qz->nbytes == 0);
+    CHECK(q->tensor("one.weight")->nelements() == 64);
+    // The program too: exit status 0, not a signal.
+    CHECK(testutil::run("./llm-quantize --dry-run '" + tmp.file("zero.gguf") + "' Q4_0 1 2>/dev/null") == 0);
+
+    // The fuzzer's shape: the zero hid a product of the other dimensions that overflows int64.
+    testutil::write_file(tmp.file("huge.gguf"), tiny_file({}, {0, 2385218952646099200ull, 20890720927744ull}));
+    CHECK(error_of([&] { llm::GGUF::open(tmp.file("huge.gguf")); }).find("tensor dimension too large") != std::string::npos);
+    testutil::write_file(tmp.file("huge.gguf"), tiny_file({}, {0, 1ull << 40, 1ull << 40}));
+    CHECK(error_of([&] { llm::GGUF::open(tmp.file("huge.gguf")); }).find("tensor element count overflows") != std::string::npos);
+}
+
+TEST_CASE("quantize: hyperparameters are validated exactly as the loader does; no output for a rejected file") {
+    TempDir tmp;
+    const std::map<std::string, uint32_t> bad[] = {{{"llama.attention.head_count", 0}},
+                                                   {{"llama.block_count", 1u << 31}},
+                                                   {{"llama.context_length", 0}}};
+    for (const auto& overrides : bad) {
+        CAPTURE(overrides.begin()->first);
+        testutil::write_file(tmp.file("bad.gguf"), tiny_file(overrides));
+        llm::ModelOptions mo;
+        mo.metadata_only = true;
+        const std::string load_err = error_of([&] { llm::Model::load(tmp.file("bad.gguf"), mo); });
+        CHECK(load_err.find("out of range") != std::string::npos);
+        CHECK(error_of([&] { llm::quantize_model(tmp.file("bad.gguf"), tmp.file("o.gguf"), options("Q8_0")); }) == load_err);
+        CHECK(testutil::run("./llm-quantize '" + tmp.file("bad.gguf") + "' '" + tmp.file("o.gguf") + "' Q8_0 2>/dev/null") == 1);
+        for (const std::string& f : tmp.files()) CHECK(f.find("o.gguf") == std::string::npos);
+    }
+    // A count beyond int is refused, not truncated to a small valid one.
+    testutil::GGUFBuilder b;
+    b.header(3, 0, 5).kv_str("general.architecture", "llama").kv_u32("llama.embedding_length", 64);
+    b.str("llama.block_count").put<uint32_t>(10).put<uint64_t>((1ull << 32) + 1);   // UINT64
+    b.kv_u32("llama.attention.head_count", 2).kv_u32("llama.vocab_size", 16);
+    testutil::write_file(tmp.file("wrap.gguf"), b.b);
+    CHECK(error_of([&] { llm::read_hparams(*llm::GGUF::open(tmp.file("wrap.gguf"))); }).find("block_count is out of range") !=
+          std::string::npos);
+}
+
+TEST_CASE("quantize: SIGTERM, SIGINT and SIGHUP leave no file; stale temp files of dead processes are removed") {
+    const std::string model = "models/gemma-3-270m-Q4_K_M.gguf";   // large enough to be caught mid-write
+    REQUIRE(testutil::file_exists(model));
+    TempDir tmp;
+    for (int sig : {SIGTERM, SIGINT, SIGHUP}) {
+        CAPTURE(sig);
+        pid_t pid = spawn_quantize({"--allow-requantize", model, tmp.file("out.gguf"), "Q2_K", "1"});
+        const std::string partial = tmp.file("out.gguf.tmp." + std::to_string(pid));
+        for (int i = 0; i < 3000 && !testutil::file_exists(partial); i++) usleep(2000);
+        CHECK(testutil::file_exists(partial));
+        kill(pid, sig);
+        int status = 0;
+        REQUIRE(waitpid(pid, &status, 0) == pid);
+        CHECK(WIFSIGNALED(status));
+        if (WIFSIGNALED(status)) CHECK(WTERMSIG(status) == sig);
+        CHECK(tmp.files().empty());
+    }
+    // A dead process's leftover (pid above any pid_max) goes; a live process's (our parent's) stays.
+    const std::string dead = "x.gguf.tmp.999999999", live = "x.gguf.tmp." + std::to_string(getppid());
+    testutil::write_file(tmp.file(dead), "partial");
+    testutil::write_file(tmp.file(live), "partial");
+    llm::quantize_model(models_dir() + "tiny-llama-F16.gguf", tmp.file("x.gguf"), options("Q8_0"));
+    CHECK(tmp.files() == std::vector<std::string>{"x.gguf", live});
 }

@@ -1020,3 +1020,175 @@ TEST_CASE("server: --api-prefix serves every endpoint under the prefix; -v and -
     CHECK(copy.find("request body") != std::string::npos);
     unlink(log_file.c_str());
 }
+
+// ------------------------------------------------------------------------------------------------ reliability
+
+namespace {
+
+// A /proc/PID/status field in KiB (VmRSS: now, VmHWM: the peak so far).
+long proc_kib(pid_t pid, const char* field) {
+    std::string s = testutil::read_file("/proc/" + std::to_string(pid) + "/status");
+    size_t at = s.find(std::string(field) + ":");
+    return at == std::string::npos ? -1 : atol(s.c_str() + at + strlen(field) + 1);
+}
+
+bool all_slots_idle(int port, const http::Headers& h = {}) {
+    Reply s = get(port, "/slots", h);
+    if (s.status != 200) return false;
+    for (const json& slot : s.body)
+        if (slot["is_processing"] == true) return false;
+    return true;
+}
+
+}  // namespace
+
+TEST_CASE("server: a non-streaming request whose client disconnects frees its slot within 1 s") {
+    ServerProcess& s = main_server();
+    REQUIRE(all_slots_idle(s.port));
+    http::Client c("127.0.0.1", s.port, 60000);
+    c.send_raw("POST /completion HTTP/1.1\r\nContent-Type: application/json\r\nContent-Length: ");
+    std::string body = json{{"prompt", kPrompts[1]}, {"n_predict", 480}, {"ignore_eos", true}}.dump();
+    c.send_raw(std::to_string(body.size()) + "\r\n\r\n" + body);
+    bool busy = false;
+    for (double t0 = now_s(); !busy && now_s() - t0 < 10; std::this_thread::sleep_for(std::chrono::milliseconds(20))) busy = !all_slots_idle(s.port);
+    REQUIRE(busy);
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));   // tokens are flowing
+    c.close();
+    const double t_close = now_s();
+    bool idle = false;
+    while (!idle && now_s() - t_close < 5) {
+        idle = all_slots_idle(s.port);
+        if (!idle) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    CHECK(idle);
+    CHECK(now_s() - t_close < 1.0);
+    CHECK(s.log().find("cancelled (client gone)") != std::string::npos);
+}
+
+TEST_CASE("server: /health and /metrics answer within 1 s while 64 idle and 100 trickling connections are open") {
+    ServerProcess& s = main_server();   // --max-connections 64 (the default)
+    std::vector<std::unique_ptr<http::Client>> idle, trickling;
+    for (int i = 0; i < 64; ++i) {
+        idle.push_back(std::make_unique<http::Client>("127.0.0.1", s.port, 5000));
+        idle.back()->connect();
+    }
+    for (int i = 0; i < 100; ++i) {
+        trickling.push_back(std::make_unique<http::Client>("127.0.0.1", s.port, 5000));
+        try { trickling.back()->send_raw("POST /completion HTTP/1.1\r\nX-Slow: "); } catch (const std::exception&) {}
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    for (int round = 0; round < 3; ++round) {
+        for (const char* path : {"/health", "/health?fail_on_no_slot=1", "/metrics"}) {
+            CAPTURE(path);
+            for (auto& t : trickling)   // one more byte each: still not a request
+                if (t->is_open()) (void)!::send(t->fd(), "z", 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+            double t0 = now_s();
+            Reply r = get(s.port, path);
+            CHECK(r.status == 200);
+            CHECK(now_s() - t0 < 1.0);
+        }
+    }
+    trickling.clear();
+    idle.clear();
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    CHECK(get(s.port, "/props").status == 200);
+}
+
+TEST_CASE("server: eight 16 MB prompts at once are refused without tokenizing; peak RSS stays bounded") {
+    ServerProcess s(server_cmd({"-np", "4", "-c", "2048"}));
+    const long idle_kib = proc_kib(s.pid, "VmRSS"), model_kib = (long)(testutil::read_file(kModel).size() / 1024);
+    const std::string body = json{{"prompt", std::string(16000000, 'a')}, {"n_predict", 1}}.dump();
+    std::atomic<int> refused{0}, busy{0};
+    std::vector<std::thread> clients;
+    const double t0 = now_s();
+    for (int i = 0; i < 8; i++) {
+        clients.emplace_back([&] {
+            try {
+                http::Client c("127.0.0.1", s.port, 60000);
+                int st = c.request("POST", "/completion", body).status;
+                if (st == 400) refused++;
+                if (st == 503) busy++;
+            } catch (const std::exception&) {
+                busy++;   // refused mid-upload (bytes in flight): the server may close before reading it all
+            }
+        });
+    }
+    for (auto& t : clients) t.join();
+    const double took = now_s() - t0;
+    const long peak_kib = proc_kib(s.pid, "VmHWM");
+    MESSAGE("idle RSS " << idle_kib / 1024 << " MiB, model " << model_kib / 1024 << " MiB, peak " << peak_kib / 1024 << " MiB; "
+                        << refused.load() << " refused (context), " << busy.load() << " busy (bytes in flight), " << took << " s");
+    CHECK(refused + busy == 8);
+    CHECK(refused >= 1);
+    CHECK(peak_kib < 2 * idle_kib + model_kib);
+    CHECK(get(s.port, "/health").status == 200);
+    CHECK(completion(s.port, {{"prompt", "Hello"}, {"n_predict", 2}})["tokens_predicted"] == 2);
+}
+
+TEST_CASE("server: /health?fail_on_no_slot=1 is 503 while every slot is busy") {
+    int port = small_server().port;   // one slot
+    Reply h = get(port, "/health?fail_on_no_slot=1");
+    CHECK(h.status == 200);
+    CHECK(h.body == json{{"status", "ok"}, {"slots_idle", 1}, {"slots_processing", 0}});
+    std::atomic<bool> first_token{false};
+    std::thread a([&] {
+        http::Client c("127.0.0.1", port, 60000);
+        c.request("POST", "/completion", json{{"prompt", "Count: 1, 2, 3,"}, {"n_predict", 48}, {"ignore_eos", true}, {"stream", true}}.dump(),
+                  kAuth, [&](std::string_view) { first_token = true; return true; });
+    });
+    while (!first_token) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    h = get(port, "/health?fail_on_no_slot=1");
+    CHECK(h.status == 503);
+    CHECK(h.body == json{{"status", "no slot available"}, {"slots_idle", 0}, {"slots_processing", 1}});
+    CHECK(get(port, "/health").status == 200);   // liveness is not readiness
+    a.join();
+}
+
+TEST_CASE("server: API keys from --api-key-file and LLAMA_API_KEY") {
+    char tmpl[] = "/tmp/llm-test-keys-XXXXXX";
+    int fd = mkstemp(tmpl);
+    REQUIRE(fd >= 0);
+    close(fd);
+    testutil::write_file(tmpl, "first-key\n# a comment\nsecond-key\n");
+    {
+        ServerProcess s(server_cmd({"-np", "1", "-c", "256", "--api-key-file", tmpl}));
+        CHECK(get(s.port, "/props").status == 401);
+        CHECK(get(s.port, "/props", {{"Authorization", "Bearer first-key"}}).status == 200);
+        CHECK(get(s.port, "/props", {{"Authorization", "Bearer second-key"}}).status == 200);
+    }
+    unlink(tmpl);
+    setenv("LLAMA_API_KEY", "from-env", 1);
+    ServerProcess s(server_cmd({"-np", "1", "-c", "256"}));
+    unsetenv("LLAMA_API_KEY");
+    CHECK(get(s.port, "/props").status == 401);
+    CHECK(get(s.port, "/props", {{"X-Api-Key", "from-env"}}).status == 200);
+}
+
+TEST_CASE("server: a stream cut by the end of the shutdown grace is logged as cut; a second SIGTERM exits 1 at once") {
+    for (bool second_signal : {false, true}) {
+        CAPTURE(second_signal);
+        ServerProcess s(server_cmd({"-np", "1", "-c", "512", "--shutdown-grace", second_signal ? "30" : "1"}));
+        std::atomic<bool> started{false};
+        std::thread t([&] {
+            try {
+                post_stream(s.port, "/completion", {{"prompt", kPrompts[0]}, {"n_predict", 500}, {"ignore_eos", true}, {"stream", true}},
+                            [&](const json&) { started = true; });
+            } catch (const std::exception&) {
+            }
+        });
+        while (!started) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        kill(s.pid, SIGTERM);
+        if (second_signal) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(200));
+            double t0 = now_s();
+            CHECK(s.stop(SIGTERM, 5) == 1);
+            CHECK(now_s() - t0 < 2.0);
+            CHECK(s.log().find("Received second interrupt, terminating immediately.") != std::string::npos);
+        } else {
+            CHECK(s.stop(0, 30) == 0);
+            CHECK(s.log().find("stream cut short (shutdown grace period over)") != std::string::npos);
+            CHECK(s.log().find("/completion -> 200\n") == std::string::npos);
+        }
+        t.join();
+    }
+}
