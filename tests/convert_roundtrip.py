@@ -11,6 +11,7 @@ llama, Gemma's 1 + w norms, one tensor per expert, DeepSeek's joint kv_b_proj), 
 Usage: convert_roundtrip.py WORKDIR   (prints one line per model; exit status 1 on any failure)
 """
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -19,7 +20,7 @@ import numpy as np
 import gguf
 
 ROOT = Path(__file__).resolve().parent.parent
-GOLDEN = ROOT.parent / "shared" / "golden"
+GOLDEN = Path(os.environ.get("LLM_SHARED") or ROOT.parent / "shared") / "golden"
 MODELS = ["tiny-llama", "tiny-qwen2", "tiny-qwen3", "tiny-gemma3", "tiny-qwen3moe", "tiny-deepseek2-lite",
           "tiny-deepseek2-v3"]
 HF_ARCH = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
