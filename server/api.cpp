@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <ctime>
+#include <deque>
 #include <functional>
 #include <random>
 
@@ -343,6 +344,8 @@ json Api::final_completion(const Result& r, const std::string& content, const st
 }
 
 void Api::handle_generate(const http::Request& req, http::Response& res, ApiKind kind) {
+    if (sched_->embeddings())
+        throw ApiError(501, "This server does not support completions. Start it without `--embeddings`", "not_supported_error");
     json b = parse_body(req.body);
     check_model(b);
     TaskParams p = parse_params(b, kind);
@@ -622,6 +625,11 @@ void Api::install(http::Server& srv) {
     srv.route("GET", "/slots", wrap([this](const http::Request& q, http::Response& r) { handle_slots(q, r); }));
     srv.route("GET", "/metrics", wrap([this](const http::Request&, http::Response& r) { handle_metrics(r); }));
     for (const char* p : {"/models", "/v1/models"}) srv.route("GET", p, wrap([this](const http::Request&, http::Response& r) { handle_models(r); }));
+    for (const char* p : {"/embedding", "/embeddings"})
+        srv.route("POST", p, wrap([this](const http::Request& q, http::Response& r) { handle_embeddings(q, r, false); }));
+    srv.route("POST", "/v1/embeddings", wrap([this](const http::Request& q, http::Response& r) { handle_embeddings(q, r, true); }));
+    for (const char* p : {"/rerank", "/reranking", "/v1/rerank", "/v1/reranking"})
+        srv.route("POST", p, wrap([this](const http::Request& q, http::Response& r) { handle_rerank(q, r); }));
 
     if (!o_.srv.api_key.empty()) {
         const std::string key = o_.srv.api_key;
@@ -645,6 +653,192 @@ void Api::install(http::Server& srv) {
         if (res.status == 200 && (r.path == "/health" || r.path == "/v1/health")) return;
         log_msg('I', "http: %s:%d %s %s -> %d", r.remote_addr.c_str(), r.remote_port, r.method.c_str(), r.path.c_str(), res.status);
     });
+}
+
+
+// ---- embeddings and reranking ----------------------------------------------------------------------
+// llama-server's bodies: /embedding(s) answer [{"index", "embedding": [[...]]}] (one vector per token with
+// --pooling none), /v1/embeddings OpenAI's list with usage and encoding_format float|base64; /rerank
+// Jina's {"results": [{"index", "relevance_score"}]} sorted by score (TEI's [{"index", "score"}] when
+// the body has "texts"), cut to top_n.
+
+namespace {
+
+std::string base64(const void* data, size_t n) {
+    static const char alphabet[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    const uint8_t* p = (const uint8_t*)data;
+    std::string out;
+    out.reserve((n + 2) / 3 * 4);
+    for (size_t i = 0; i < n; i += 3) {
+        const uint32_t v = (uint32_t)p[i] << 16 | (i + 1 < n ? (uint32_t)p[i + 1] << 8 : 0) | (i + 2 < n ? p[i + 2] : 0);
+        out += alphabet[v >> 18];
+        out += alphabet[(v >> 12) & 63];
+        out += i + 1 < n ? alphabet[(v >> 6) & 63] : '=';
+        out += i + 2 < n ? alphabet[v & 63] : '=';
+    }
+    return out;
+}
+
+constexpr size_t kMaxInputs = 4096;  // inputs (or documents) one request may carry
+
+}  // namespace
+
+// "input" / "content": a string, token ids (or ids mixed with strings): one prompt; a list of strings
+// or of such lists: one prompt each.
+std::vector<std::vector<int32_t>> Api::parse_inputs(const json& input) const {
+    const bool single = !input.is_array() || (std::any_of(input.begin(), input.end(), [](const json& x) { return x.is_number(); }) &&
+                                              std::none_of(input.begin(), input.end(), [](const json& x) { return x.is_array(); }));
+    std::vector<std::vector<int32_t>> prompts;
+    if (single) {
+        prompts.push_back(parse_prompt(input));
+    } else {
+        if (input.size() > kMaxInputs) throw ApiError(400, "at most " + std::to_string(kMaxInputs) + " inputs per request");
+        for (const json& x : input) {
+            if (!x.is_string() && !x.is_array()) bad_field("input", "a string, an array of token ids, or an array of those");
+            prompts.push_back(parse_prompt(x));
+        }
+    }
+    if (prompts.empty()) throw ApiError(400, "Input content cannot be empty");
+    return prompts;
+}
+
+// Evaluates the prompts (each whole, in one step; the scheduler packs several into a step and shares
+// the slots with other requests) and returns their results in order. At most one task per slot is in
+// flight for this request, so a long list neither fills the queue nor starves other clients.
+std::vector<Result> Api::run_embeddings(const http::Request& req, const std::vector<std::vector<int32_t>>& prompts, const TaskParams& p) {
+    for (const auto& pr : prompts) {
+        if (pr.empty()) throw ApiError(400, "Input content cannot be empty");
+        if ((int)pr.size() > n_ctx_slot_) {
+            throw ApiError(400, "input (" + std::to_string(pr.size()) + " tokens) is larger than the context of a slot (" +
+                                    std::to_string(n_ctx_slot_) + " tokens)", "exceed_context_size_error");
+        }
+        if ((int)pr.size() > sched_->budget()) {
+            throw ApiError(500, "input (" + std::to_string(pr.size()) + " tokens) is too large to process. increase the physical batch size (current batch size: " +
+                                    std::to_string(sched_->budget()) + ")", "server_error");
+        }
+    }
+    std::vector<Result> results(prompts.size());
+    std::deque<std::pair<size_t, std::shared_ptr<Channel>>> running;
+    size_t next = 0;
+    auto cancel_all = [&] { for (auto& r : running) sched_->cancel(r.second); };
+    while (next < prompts.size() || !running.empty()) {
+        while (next < prompts.size() && (int)running.size() < n_slots_) {
+            running.emplace_back(next, sched_->submit(prompts[next], p));
+            next++;
+        }
+        Result r;
+        if (!running.front().second->pop(r, 100)) {
+            if (!req.client_connected()) { cancel_all(); throw ApiError(400, "client disconnected"); }
+            continue;
+        }
+        if (r.kind == Result::Error) { cancel_all(); throw ApiError(r.status, r.message, r.err_type); }
+        if (r.kind != Result::Final) continue;
+        results[running.front().first] = std::move(r);
+        running.pop_front();
+    }
+    return results;
+}
+
+void Api::handle_embeddings(const http::Request& req, http::Response& res, bool oai) {
+    if (!sched_->embeddings())
+        throw ApiError(501, "This server does not support embeddings. Start it with `--embeddings`", "not_supported_error");
+    json b = parse_body(req.body);
+    check_model(b);
+    const json* input = opt_field(b, "input");
+    if (!input) {
+        input = opt_field(b, "content");
+        oai = false;  // "content" is llama.cpp's own field: its response shape
+    }
+    if (!input) throw ApiError(400, "\"input\" or \"content\" must be provided");
+    const std::string format = get_str(b, "encoding_format", "float");
+    if (format != "float" && format != "base64")
+        throw ApiError(400, "The format to return the embeddings in. Can be either float or base64");
+    const bool pooled = sched_->pooling() != llm::Pooling::None;
+    if (oai && !pooled) throw ApiError(400, "Pooling type 'none' is not OAI compatible. Please use a different pooling type");
+    TaskParams p;
+    p.embed = true;
+    p.embd_normalize = (int)get_int(b, "embd_normalize", o_.srv.embd_normalize, -1, 64);
+    const std::vector<Result> results = run_embeddings(req, parse_inputs(*input), p);
+    if (!oai) {
+        json out = json::array();
+        for (size_t i = 0; i < results.size(); i++) out.push_back(json{{"index", i}, {"embedding", results[i].embedding}});
+        res.set_json(dump(out));
+        return;
+    }
+    json data = json::array();
+    int n_tokens = 0;
+    for (size_t i = 0; i < results.size(); i++) {
+        const std::vector<float>& e = results[i].embedding[0];
+        json item{{"index", i}, {"object", "embedding"}};
+        if (format == "base64") {
+            item["embedding"] = base64(e.data(), e.size() * sizeof(float));
+            item["encoding_format"] = "base64";
+        } else {
+            item["embedding"] = e;
+        }
+        data.push_back(item);
+        n_tokens += results[i].n_prompt;
+    }
+    res.set_json(dump(json{{"model", get_str(b, "model", model_id())},
+                           {"object", "list"},
+                           {"usage", {{"prompt_tokens", n_tokens}, {"total_tokens", n_tokens}}},
+                           {"data", data}}));
+}
+
+void Api::handle_rerank(const http::Request& req, http::Response& res) {
+    if (!sched_->embeddings() || sched_->pooling() != llm::Pooling::Rank)
+        throw ApiError(501, "This server does not support reranking. Start it with `--reranking`", "not_supported_error");
+    json b = parse_body(req.body);
+    check_model(b);
+    const json* query = opt_field(b, "query");
+    if (!query) throw ApiError(400, "\"query\" must be provided");
+    if (!query->is_string()) throw ApiError(400, "\"query\" must be a string");
+    const bool tei = b.contains("texts");
+    const json* docs = opt_field(b, tei ? "texts" : "documents");
+    if (!docs || !docs->is_array() || docs->empty() || docs->size() > kMaxInputs ||
+        !std::all_of(docs->begin(), docs->end(), [](const json& d) { return d.is_string(); }))
+        throw ApiError(400, "\"documents\" must be a non-empty string array");
+    const int top_n = (int)get_int(b, "top_n", (int64_t)docs->size(), 0, INT32_MAX);
+    const bool return_text = tei && get_bool(b, "return_text", false);
+    // Query and document as one pair, as llama-server joins them: [BOS] query [EOS] [SEP] doc [EOS].
+    const llm::Vocab& v = model_->vocab;
+    const int32_t eos = v.eos() >= 0 ? v.eos() : v.sep();
+    const std::vector<int32_t> q = v.tokenize(query->get<std::string>(), false, true);
+    std::vector<std::vector<int32_t>> prompts;
+    for (const json& d : *docs) {
+        std::vector<int32_t> t;
+        if (v.add_bos()) t.push_back(v.bos());
+        t.insert(t.end(), q.begin(), q.end());
+        if (v.add_eos()) t.push_back(eos);
+        if (v.add_sep()) t.push_back(v.sep());
+        const std::vector<int32_t> doc = v.tokenize(d.get<std::string>(), false, true);
+        t.insert(t.end(), doc.begin(), doc.end());
+        if (v.add_eos()) t.push_back(eos);
+        prompts.push_back(std::move(t));
+    }
+    TaskParams p;
+    p.embed = true;
+    p.embd_normalize = -1;  // the score is the head's raw output
+    const std::vector<Result> results = run_embeddings(req, prompts, p);
+    const char* score_key = tei ? "score" : "relevance_score";
+    json items = json::array();
+    int n_tokens = 0;
+    for (size_t i = 0; i < results.size(); i++) {
+        json item{{"index", i}, {score_key, results[i].embedding[0][0]}};
+        if (return_text) item["text"] = (*docs)[i];
+        items.push_back(item);
+        n_tokens += results[i].n_prompt;
+    }
+    std::stable_sort(items.begin(), items.end(), [&](const json& x, const json& y) { return x[score_key].get<double>() > y[score_key].get<double>(); });
+    if ((int)items.size() > top_n) items.erase(items.begin() + top_n, items.end());
+    if (tei) {
+        res.set_json(dump(items));
+        return;
+    }
+    res.set_json(dump(json{{"model", get_str(b, "model", model_id())},
+                           {"object", "list"},
+                           {"usage", {{"prompt_tokens", n_tokens}, {"total_tokens", n_tokens}}},
+                           {"results", items}}));
 }
 
 }  // namespace srv

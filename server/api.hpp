@@ -46,6 +46,12 @@ private:
     void handle_slots(const http::Request& req, http::Response& res);
     void handle_metrics(http::Response& res);
     void handle_models(http::Response& res);
+    // embeddings.cpp: /embedding(s), /v1/embeddings (oai) and /rerank, as llama-server answers them.
+    void handle_embeddings(const http::Request& req, http::Response& res, bool oai);
+    void handle_rerank(const http::Request& req, http::Response& res);
+    std::vector<std::vector<int32_t>> parse_inputs(const json& input) const;
+    std::vector<Result> run_embeddings(const http::Request& req, const std::vector<std::vector<int32_t>>& prompts,
+                                       const TaskParams& p);
 
     // ---- requests
     TaskParams parse_params(const json& b, ApiKind kind) const;

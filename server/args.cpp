@@ -64,7 +64,12 @@ void print_usage() {
         "  --max-connections N      concurrent connections (default 64)\n"
         "  -to, --timeout S         write timeout for slow clients (default 600)\n"
         "  --shutdown-grace S       on SIGTERM/SIGINT, time in-flight requests get to finish (default 10)\n"
-        "  --no-warmup              skip the warm-up decode before reporting healthy\n");
+        "  --no-warmup              skip the warm-up decode before reporting healthy\n"
+        "  --embedding, --embeddings  serve /embedding(s) and /v1/embeddings instead of completions\n"
+        "  --reranking, --rerank    serve /rerank (embeddings with the model's classification head)\n"
+        "  --pooling P              none, mean, cls, last, rank (default: the model's own)\n"
+        "  --embd-normalize N       embeddings' default normalization: -1 none, 0 max-abs int16, 1 taxicab,\n"
+        "                           2 Euclidean (default), >2 p-norm\n");
 }
 
 std::vector<int32_t> parse_ids(const std::string& s) {
@@ -161,6 +166,16 @@ Options parse_args(int argc, char** argv) {
         else if (a == "--chat-template") o.srv.chat_template = next();
         else if (a == "--chat-template-file") o.srv.chat_template_file = next();
         else if (a == "--no-warmup") o.srv.warmup = false;
+        else if (a == "--embedding" || a == "--embeddings") o.embedding = true;
+        else if (a == "--reranking" || a == "--rerank") o.srv.reranking = o.embedding = true;
+        else if (a == "--embd-normalize") o.srv.embd_normalize = next_int();
+        else if (a == "--pooling") {
+            try {
+                o.pooling = llm::pooling_from_name(next());
+            } catch (const llm::Error& e) {
+                usage_error(e.what());
+            }
+        }
         else if (a == "--shutdown-grace") o.srv.shutdown_grace_s = next_int();
         else if (a == "--max-queue") o.srv.max_queue = next_int();
         else if (a == "--max-connections") o.srv.max_connections = next_int();
@@ -172,6 +187,10 @@ Options parse_args(int argc, char** argv) {
     if (o.n_batch <= 0) usage_error("--batch-size must be positive");
     if (o.n_threads < 0) usage_error("--threads must not be negative");
     if (o.n_parallel <= 0 || o.n_parallel > 256) usage_error("--parallel must be in 1..256");
+    if (o.srv.reranking) {
+        if (o.pooling != llm::Pooling::Unspecified && o.pooling != llm::Pooling::Rank) usage_error("--reranking needs --pooling rank");
+        o.pooling = llm::Pooling::Rank;
+    }
     return o;
 }
 
@@ -190,6 +209,8 @@ llm::ContextParams context_params(const Options& o, int n_ctx) {
     cp.type_k = o.type_k;
     cp.type_v = o.type_v;
     cp.moe_grouped = !o.moe_per_token;
+    cp.embeddings = o.embedding;
+    cp.pooling = o.pooling;
     return cp;
 }
 

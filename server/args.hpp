@@ -14,6 +14,8 @@ struct ServerOptions {
     int port = 8080, n_ubatch = 512, max_queue = 64, timeout_s = 600, shutdown_grace_s = 10, n_keep = 0;
     int cache_ram_mib = 8192, max_connections = 64;
     bool context_shift = false, kv_unified = false, warmup = true;
+    bool reranking = false;   // --reranking: /rerank served (implies embeddings with rank pooling)
+    int embd_normalize = 2;   // --embd-normalize: the default of embedding requests
 };
 
 struct Options {
@@ -24,6 +26,8 @@ struct Options {
     llm::Type type_k = llm::Type::F16, type_v = llm::Type::F16;
     bool tokenize = false, add_special = false, parse_special = false, bench = false, plan = false;
     bool use_mmap = true, mlock = false, repack = true, verbose_prompt = false, moe_per_token = false;
+    bool embedding = false;                              // --embedding(s): the context computes embeddings
+    llm::Pooling pooling = llm::Pooling::Unspecified;   // --pooling
     llm::SamplerParams sampling;
     ServerOptions srv;
 };

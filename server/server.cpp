@@ -90,6 +90,10 @@ void load(const Options& o, const SchedulerConfig& cfg, Engine& e) {
             (now_seconds() - t0) * 1000);
     if (!e.model->vocab.has_tokenizer()) log_msg('W', "the model has no tokenizer: only prompts of token ids will work");
     llm::ContextParams cp = context_params(o, o.n_ctx);
+    if (!hp.causal && !cp.embeddings) {
+        log_msg('W', "%s is an encoder: serving embeddings (as with --embeddings)", e.model->arch_str.c_str());
+        cp.embeddings = true;
+    }
     cp.n_seq = cfg.n_slots;
     cp.kv_unified = cfg.kv_unified;
     e.ctx = std::make_unique<llm::Context>(*e.model, cp);
@@ -105,7 +109,9 @@ void load(const Options& o, const SchedulerConfig& cfg, Engine& e) {
         e.ctx->seq_truncate(0, 0);
         log_msg('I', "warm-up done in %.0f ms", (now_seconds() - t0) * 1000);
     }
-    e.sched = std::make_unique<Scheduler>(*e.model, *e.ctx, cfg);
+    SchedulerConfig sc = cfg;
+    sc.embeddings = cp.embeddings;
+    e.sched = std::make_unique<Scheduler>(*e.model, *e.ctx, sc);
 }
 
 }  // namespace
