@@ -270,14 +270,14 @@ std::vector<int32_t> Api::parse_prompt(const json& p) const {
 
 // "prompt" as llama-server reads it: an array holding no bare token id is several prompts (each a
 // string, an array or an object); anything else is one.
-std::vector<std::vector<int32_t>> Api::parse_prompts(const json& pr) const {
+std::vector<std::vector<int32_t>> Api::parse_prompts(const json& pr, size_t max_prompts) const {
     std::vector<std::vector<int32_t>> out;
     const bool several = pr.is_array() && !pr.empty() && std::none_of(pr.begin(), pr.end(), [](const json& x) { return x.is_number(); });
     if (!several) {
         out.push_back(parse_prompt(pr));
         return out;
     }
-    if (pr.size() > kMaxPrompts) throw ApiError(400, "at most " + std::to_string(kMaxPrompts) + " prompts per request");
+    if (pr.size() > max_prompts) throw ApiError(400, "at most " + std::to_string(max_prompts) + " prompts per request");
     for (const json& x : pr) out.push_back(parse_prompt(x));
     return out;
 }
@@ -973,7 +973,7 @@ void Api::handle_embeddings(const http::Request& req, http::Response& res, bool 
     TaskParams p;
     p.embed = true;
     p.embd_normalize = (int)get_int(b, "embd_normalize", o_.srv.embd_normalize, -1, 64);
-    const std::vector<Result> results = run_embeddings(req, parse_prompts(*input), p);
+    const std::vector<Result> results = run_embeddings(req, parse_prompts(*input, kMaxInputs), p);
     if (!oai) {
         json out = json::array();
         for (size_t i = 0; i < results.size(); i++) out.push_back(json{{"index", i}, {"embedding", results[i].embedding}});
@@ -1009,7 +1009,7 @@ void Api::handle_rerank(const http::Request& req, http::Response& res) {
     if (!query->is_string()) throw ApiError(400, "\"query\" must be a string");
     const bool tei = b.contains("texts");
     const json* docs = opt_field(b, tei ? "texts" : "documents");
-    if (!docs || !docs->is_array() || docs->empty() || docs->size() > kMaxPrompts ||
+    if (!docs || !docs->is_array() || docs->empty() || docs->size() > kMaxInputs ||
         !std::all_of(docs->begin(), docs->end(), [](const json& d) { return d.is_string(); }))
         throw ApiError(400, "\"documents\" must be a non-empty string array");
     const int top_n = (int)get_int(b, "top_n", (int64_t)docs->size(), 0, INT32_MAX);

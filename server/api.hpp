@@ -36,7 +36,8 @@ public:
 
 private:
     using json = nlohmann::json;
-    static constexpr size_t kMaxPrompts = 64;  // prompts in one /completion request
+    static constexpr size_t kMaxPrompts = 64;    // prompts in one /completion request
+    static constexpr size_t kMaxInputs = 2048;   // inputs (documents) of one embeddings (rerank) request, as OpenAI's
 
     // One task's results, drained.
     struct Completion {
@@ -67,7 +68,7 @@ private:
     // ---- requests
     TaskParams parse_params(const json& b, ApiKind kind) const;
     std::vector<int32_t> parse_prompt(const json& prompt) const;
-    std::vector<std::vector<int32_t>> parse_prompts(const json& prompt) const;
+    std::vector<std::vector<int32_t>> parse_prompts(const json& prompt, size_t max_prompts = kMaxPrompts) const;
     void check_fits(const std::vector<int32_t>& prompt) const;
     std::string render_chat(const json& b) const;
     std::vector<int32_t> tokenize_prompt(const std::string& text) const;

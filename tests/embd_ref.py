@@ -128,8 +128,17 @@ def load_safetensors_f64(path):
     return {k: v.astype(np.float64) for k, v in load_file(str(path)).items()}
 
 
-def write_reranker(src, dst, tensors, rng):
-    """A BertForSequenceClassification folder: the encoder under bert., a random pooler and classifier."""
+def reranker_head(hidden):
+    """The random pooler (dense + tanh) and 1-label classifier of the test reranker (seeded; float32 values)."""
+    rng = np.random.default_rng(7)
+    head = {"bert.pooler.dense.weight": rng.standard_normal((hidden, hidden)) / math.sqrt(hidden),
+            "bert.pooler.dense.bias": 0.1 * rng.standard_normal(hidden),
+            "classifier.weight": rng.standard_normal((1, hidden)), "classifier.bias": np.array([0.25])}
+    return {k: v.astype(np.float32).astype(np.float64) for k, v in head.items()}
+
+
+def write_reranker(src, dst, tensors):
+    """A BertForSequenceClassification folder: the encoder under bert., the random pooler and classifier."""
     from safetensors.numpy import save_file
     dst.mkdir(parents=True, exist_ok=True)
     cfg = json.loads((src / "config.json").read_text())
@@ -138,14 +147,11 @@ def write_reranker(src, dst, tensors, rng):
     (dst / "config.json").write_text(json.dumps(cfg))
     for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt"):
         shutil.copy(src / f, dst / f)
-    hidden = cfg["hidden_size"]
-    head = {"bert.pooler.dense.weight": rng.standard_normal((hidden, hidden)) / math.sqrt(hidden),
-            "bert.pooler.dense.bias": 0.1 * rng.standard_normal(hidden),
-            "classifier.weight": rng.standard_normal((1, hidden)), "classifier.bias": np.array([0.25])}
+    head = reranker_head(cfg["hidden_size"])
     out = {"bert." + k: v.astype(np.float32) for k, v in tensors.items() if not k.endswith("position_ids")}
     out.update({k: v.astype(np.float32) for k, v in head.items()})
     save_file(out, str(dst / "model.safetensors"))
-    return {k: v.astype(np.float32).astype(np.float64) for k, v in head.items()}
+    return head
 
 
 def main():
@@ -162,7 +168,7 @@ def main():
                        check=True, stdout=subprocess.DEVNULL)
     cfg = json.loads((model_dir / "config.json").read_text())
     tensors = load_safetensors_f64(model_dir / "model.safetensors")
-    head = write_reranker(model_dir, work / "minilm-rank", tensors, np.random.default_rng(7))
+    head = write_reranker(model_dir, work / "minilm-rank", tensors)
     subprocess.run([convert, str(work / "minilm-rank"), "--outfile", str(work / "minilm-rank-f32.gguf"), "--outtype", "f32"],
                    check=True, stdout=subprocess.DEVNULL)
     vocab = {line.rstrip("\n"): i for i, line in enumerate((model_dir / "vocab.txt").open(encoding="utf-8"))}

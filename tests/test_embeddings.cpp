@@ -292,3 +292,13 @@ TEST_CASE("convert-hf-to-gguf: golden tiny models through Hugging Face folders a
     MESSAGE(out);
     CHECK(rc == 0);
 }
+
+TEST_CASE("embeddings server: every endpoint and input form over HTTP, the openai client, reranking") {
+    const Reference& ref = reference();
+    if (ref.dir.empty()) return;
+    REQUIRE_MESSAGE(testutil::file_exists("llm-server"), "build ./llm-server first (make test does)");
+    std::string out;
+    const int rc = testutil::run("python3 '" + tests_dir() + "embd_server.py' '" + ref.dir + "' 2>&1", &out);
+    MESSAGE(out);
+    CHECK(rc == 0);
+}
