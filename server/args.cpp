@@ -403,10 +403,14 @@ const std::vector<Flag>& flags() {
         {{"--slot-save-path"}, {}, "LLAMA_ARG_SLOT_SAVE_PATH", "PATH", G::Server, "folder of /slots/{id}?action=save|restore files (default: off)",
          [](Options& o, const Arg& a) { o.srv.slot_save_path = a.value; }},
         {{"--media-path"}, {}, nullptr, "PATH", G::Server, "local media files", note(kNoMedia)},
-        {{"--models-dir"}, {}, "LLAMA_ARG_MODELS_DIR", "PATH", G::Server, "models of the router server", note("one model per server here: give it with -m", 'W')},
-        {{"--models-preset"}, {}, "LLAMA_ARG_MODELS_PRESET", "PATH", G::Server, "model presets of the router server", note("one model per server here (ignored)")},
-        {{"--models-max"}, {}, "LLAMA_ARG_MODELS_MAX", "N", G::Server, "models loaded at once by the router", note("one model per server here (ignored)")},
-        {{"--models-autoload"}, {"--no-models-autoload"}, "LLAMA_ARG_MODELS_AUTOLOAD", nullptr, G::Server, "router autoload", note("one model per server here (ignored)")},
+        {{"--models-dir"}, {}, "LLAMA_ARG_MODELS_DIR", "PATH", G::Server, "router mode (no -m): serve every *.gguf in PATH, one child process each",
+         [](Options& o, const Arg& a) { o.srv.models_dir = a.value; }},
+        {{"--models-preset"}, {}, "LLAMA_ARG_MODELS_PRESET", "PATH", G::Server, "router mode: models from an INI file (a section per model, keys are long flags, [*] defaults)",
+         [](Options& o, const Arg& a) { o.srv.models_preset = a.value; }},
+        {{"--models-max"}, {}, "LLAMA_ARG_MODELS_MAX", "N", G::Server, "router mode: models running at once, least recently used stopped first (default 4, 0 = no limit)",
+         [](Options& o, const Arg& a) { o.srv.models_max = a.to_int(); }},
+        {{"--models-autoload"}, {"--no-models-autoload"}, "LLAMA_ARG_MODELS_AUTOLOAD", nullptr, G::Server, "router mode: start a model on its first request (default: on)",
+         [](Options& o, const Arg& a) { o.srv.models_autoload = a.on(); }},
         {{"--jinja"}, {"--no-jinja"}, "LLAMA_ARG_JINJA", nullptr, G::Server, "Jinja chat templates",
          note("the template's family is recognized and rendered natively (no Jinja engine yet)")},
         {{"--reasoning-format"}, {}, "LLAMA_ARG_THINK", "FORMAT", G::Server, "reasoning extraction", note("thoughts stay in message.content (ignored)")},
@@ -540,6 +544,21 @@ void apply_environment(Options& o) {
     }
 }
 
+}  // namespace
+
+int flag_arity(const std::string& spelling) {
+    for (const Flag& f : flags()) {
+        const bool named = std::find(f.names.begin(), f.names.end(), spelling) != f.names.end() ||
+                           std::find(f.negations.begin(), f.negations.end(), spelling) != f.negations.end();
+        if (!named) continue;
+        if (!f.value || f.value[0] == '[') return 0;
+        return 1 + (int)std::count(f.value, f.value + strlen(f.value), ' ');
+    }
+    return -1;
+}
+
+namespace {
+
 void apply_argv(Options& o, int argc, char** argv) {
     std::map<std::string, std::pair<const Flag*, bool>> by_name;  // spelling -> flag, negation
     for (const Flag& f : flags()) {
@@ -577,7 +596,8 @@ Options parse_args(int argc, char** argv) {
         else o.reverse_prompts.push_back(o.short_r);
     }
     if (o.escape) o.prompt = unescape(o.prompt);
-    if (o.model.empty()) usage_error("no model given (-m MODEL)");
+    if (o.model.empty() && o.srv.models_dir.empty() && o.srv.models_preset.empty())
+        usage_error("no model given (-m MODEL, or --models-dir / --models-preset for router mode)");
     if (o.n_batch <= 0) usage_error("--batch-size must be positive");
     if (o.n_threads < 0) usage_error("--threads must not be negative");
     if (o.n_parallel <= 0 || o.n_parallel > 256) usage_error("--parallel must be in 1..256");

@@ -16,6 +16,7 @@
 
 #include "args.hpp"
 #include "cli.hpp"
+#include "router.hpp"
 #include "server.hpp"
 #include "util.hpp"
 
@@ -25,6 +26,7 @@ int main(int argc, char** argv) {
     try {
         set_log_options(o.log_verbosity, o.log_file);
         for (const auto& [level, text] : o.notes) log_msg(level, "%s", text.c_str());
+        if (wants_router(o)) return run_router(o, argc, argv);
         if (o.tokenize) return run_tokenize(o);
         if (o.plan) return run_plan(o);
         if (wants_server(o)) return run_server(o);

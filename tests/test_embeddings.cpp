@@ -1,4 +1,4 @@
-// Encoders, pooling and embeddings, and the HF -> GGUF converter.
+// Encoders, pooling and embeddings, their HTTP endpoints and router mode, and the HF -> GGUF converter.
 //
 // Reference data comes from two Python scripts run once: tests/embd_ref.py (all-MiniLM-L6-v2 converted
 // by scripts/convert-hf-to-gguf, and the same model evaluated independently in float64 numpy) and
@@ -299,6 +299,19 @@ TEST_CASE("embeddings server: every endpoint and input form over HTTP, the opena
     REQUIRE_MESSAGE(testutil::file_exists("llm-server"), "build ./llm-server first (make test does)");
     std::string out;
     const int rc = testutil::run("python3 '" + tests_dir() + "embd_server.py' '" + ref.dir + "' 2>&1", &out);
+    MESSAGE(out);
+    CHECK(rc == 0);
+}
+
+TEST_CASE("router: a preset of a chat and an embedding model, on demand, LRU, surviving SIGKILL") {
+    const Reference& ref = reference();
+    if (ref.dir.empty()) return;
+    if (!testutil::file_exists("models/SmolLM2-135M-Instruct-Q4_1.gguf")) {
+        MESSAGE("SKIPPED: models/SmolLM2-135M-Instruct-Q4_1.gguf is missing (scripts/setup)");
+        return;
+    }
+    std::string out;
+    const int rc = testutil::run("python3 '" + tests_dir() + "router_test.py' '" + ref.dir + "' 2>&1", &out);
     MESSAGE(out);
     CHECK(rc == 0);
 }
