@@ -8784,6 +8784,18 @@ struct Context::Impl {
         for (int s = 0; s < kv.n_seq; s++) kv.reserve(s, next[s]);
     }
 
+    // The residual stream, attention and K/V scratch for a batch of n tokens.
+    void size_activations(int n) {
+        const HParams& hp = model.hp;
+        x.resize((size_t)n * hp.n_embd);
+        cur.resize((size_t)n * hp.n_embd);
+        tmp.resize((size_t)n * hp.n_embd);
+        q.resize((size_t)n * hp.n_head * hp.head_dim_k);
+        attn.resize((size_t)n * hp.n_head * hp.head_dim_v);
+        k.resize((size_t)n * kv.dim_k);
+        v.resize((size_t)n * kv.dim_v);
+    }
+
     // Row `row` of an embedding table as f32 (a token embedding tied to the output may have been repacked).
     static void embedding_row(const TensorInfo* t, int64_t row, float* out) {
         const int64_t E = t->ne[0];
@@ -8824,13 +8836,7 @@ struct Context::Impl {
         const HParams& hp = m.hp;
         const int n = (int)batch.size();
         const int64_t E = hp.n_embd, F = hp.n_ff;
-        x.resize(n * E);
-        cur.resize(n * E);
-        tmp.resize(n * E);
-        q.resize((size_t)n * hp.n_head * hp.head_dim_k);
-        attn.resize((size_t)n * hp.n_head * hp.head_dim_v);
-        k.resize((size_t)n * kv.dim_k);
-        v.resize((size_t)n * kv.dim_v);
+        size_activations(n);
         ffn_up.resize((size_t)n * F);
         for (int i = 0; i < n; i++) {
             if (batch.pos[i] >= m.pos_embd->ne[1]) fail("position %d is beyond the encoder's %lld positions", batch.pos[i], (long long)m.pos_embd->ne[1]);
@@ -8935,13 +8941,7 @@ struct Context::Impl {
         const HParams& hp = m.hp;
         const int n = (int)batch.size();
         const int64_t E = hp.n_embd;
-        x.resize(n * E);
-        cur.resize(n * E);
-        tmp.resize(n * E);
-        q.resize((size_t)n * hp.n_head * hp.head_dim_k);
-        attn.resize((size_t)n * hp.n_head * hp.head_dim_v);
-        k.resize((size_t)n * kv.dim_k);
-        v.resize((size_t)n * kv.dim_v);
+        size_activations(n);
         if (hp.mla) qa.resize((size_t)n * std::max<int64_t>(hp.q_lora_rank, (int64_t)hp.n_head * hp.v_head_dim));
 
         for (int i = 0; i < n; i++) {

@@ -133,26 +133,12 @@ def main():
     lines.append("// (first code point << 8) | flags; a run lasts until the next entry's first code point.")
     lines.append("// flags: bits 0-2 UCat (other, number, letter, mark, punct, symbol, control), bit 3 White_Space.")
     lines.append("static const uint32_t kUnicodeRanges[] = {")
-    row = []
-    for cp, f in ranges:
-        row.append("0x%07X," % ((cp << 8) | f))
-        if len(row) == 8:
-            lines.append("    " + " ".join(row))
-            row = []
-    if row:
-        lines.append("    " + " ".join(row))
+    emit(lines, [((cp << 8) | f,) for cp, f in ranges], 8, "0x%07X,")
     lines.append("};")
     lines.append("")
     lines.append("// DeepSeek LLM pre-tokenizer letter class, inclusive [lo, hi] pairs.")
     lines.append("static const uint32_t kDeepseekLetterRanges[][2] = {")
-    row = []
-    for lo, hi in letters:
-        row.append("{0x%05X, 0x%05X}," % (lo, hi))
-        if len(row) == 5:
-            lines.append("    " + " ".join(row))
-            row = []
-    if row:
-        lines.append("    " + " ".join(row))
+    emit(lines, letters, 5, "{0x%05X, 0x%05X},")
     lines.append("};")
     lines.append("")
     lines.append("// (code point, lowercase code point) where they differ, sorted.")

@@ -828,23 +828,24 @@ bool has_api_key(const http::Request& r, const std::vector<std::string>& keys) {
 
 }  // namespace
 
-void Api::install(http::Server& srv) {
-    // Errors a handler raises become OpenAI-style error bodies; the server keeps serving.
-    auto wrap = [](std::function<void(const http::Request&, http::Response&)> fn) {
-        return [fn](const http::Request& req, http::Response& res) {
-            try {
-                fn(req, res);
-            } catch (const ApiError& e) {
-                res = http::Response();
-                json body = json::parse(http::error_json(e.status, e.what(), e.type));
-                for (const auto& [k, v] : e.fields) body["error"][k] = v;
-                res.set_json(dump(body), e.status);
-            } catch (const llm::Error& e) {
-                res = http::Response();
-                res.set_error(400, e.what());
-            }
-        };
+HttpHandler guarded(HttpHandler fn) {
+    return [fn](const http::Request& req, http::Response& res) {
+        try {
+            fn(req, res);
+        } catch (const ApiError& e) {
+            res = http::Response();
+            json body = json::parse(http::error_json(e.status, e.what(), e.type));
+            for (const auto& [k, v] : e.fields) body["error"][k] = v;
+            res.set_json(dump(body), e.status);
+        } catch (const llm::Error& e) {
+            res = http::Response();
+            res.set_error(400, e.what());
+        }
     };
+}
+
+void Api::install(http::Server& srv) {
+    const auto& wrap = guarded;
     auto health = [this](const http::Request&, http::Response& res) {
         if (ready_.load()) res.set_json("{\"status\":\"ok\"}");
         else res.set_error(503, "Loading model", "unavailable_error");

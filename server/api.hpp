@@ -22,6 +22,11 @@ struct ChatTemplate {
     std::string source;
 };
 
+using HttpHandler = std::function<void(const http::Request&, http::Response&)>;
+// A route's handler whose errors become OpenAI-style error bodies (ApiError: its status and fields;
+// llm::Error: 400); the server keeps serving.
+HttpHandler guarded(HttpHandler fn);
+
 enum class ApiKind { Completion, OaiCompletion, OaiChat };
 
 class Api {

@@ -8,7 +8,9 @@
 //   llm-server -m MODEL --bench -p 512 -n 128 -r 5  prompt / generation tokens per second
 //   llm-server -m MODEL [--host H --port P ...]     the HTTP server (no mode flag)
 //
-// Units: args (flags, --help), cli (the command-line modes), server (the HTTP mode's lifecycle), api
+// Without -m, --models-dir / --models-preset run the router (router.cpp): a child process per model.
+//
+// Units: args (flags, --help), cli (the command-line modes), server (the HTTP mode's lifecycle), router, api
 // (routes, requests, responses: all JSON), scheduler (slots, batching, sampling), prompt_cache (host-RAM
 // slot states), util, engine (the one unit compiling llm.hpp's implementation).
 #include <cstdio>

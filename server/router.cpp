@@ -20,6 +20,8 @@
 #include <nlohmann/json.hpp>
 
 #include "../http.hpp"
+#include "api.hpp"
+#include "server.hpp"
 #include "util.hpp"
 
 namespace srv {
@@ -343,26 +345,19 @@ void Router::proxy(const http::Request& req, http::Response& res) {
         return;
     }
     http::Client c("127.0.0.1", port, 600000);
-    http::ClientResponse r = c.request(req.method, target, req.body, headers);
+    http::ClientResponse r;
+    try {
+        r = c.request(req.method, target, req.body, headers);
+    } catch (const std::runtime_error& e) {  // the child went away mid-request
+        throw ApiError(502, "model '" + name + "': " + e.what(), "server_error");
+    }
     const std::string* type = http::detail::find_header(r.headers, "content-type");
     res.status = r.status;
     res.set_content(r.body, type ? *type : "application/json");
 }
 
 void Router::install(http::Server& srv) {
-    auto wrap = [](std::function<void(const http::Request&, http::Response&)> fn) {
-        return [fn](const http::Request& req, http::Response& res) {
-            try {
-                fn(req, res);
-            } catch (const ApiError& e) {
-                res = http::Response();
-                res.set_error(e.status, e.what(), e.type);
-            } catch (const std::exception& e) {
-                res = http::Response();
-                res.set_error(502, std::string("router: ") + e.what(), "server_error");
-            }
-        };
-    };
+    const auto& wrap = guarded;
     auto health = [](const http::Request&, http::Response& res) { res.set_json("{\"status\":\"ok\"}"); };
     srv.route("GET", "/health", health);
     srv.route("GET", "/v1/health", health);
@@ -389,12 +384,6 @@ void Router::install(http::Server& srv) {
         srv.route("POST", p, wrap([this](const http::Request& q, http::Response& r) { proxy(q, r); }));
     for (const char* p : {"/props", "/slots", "/metrics"})
         srv.route("GET", p, wrap([this](const http::Request& q, http::Response& r) { proxy(q, r); }));
-}
-
-std::atomic<http::Server*> g_router_http{nullptr};
-
-void on_router_signal(int) {
-    if (http::Server* s = g_router_http.load()) s->stop();
 }
 
 }  // namespace
@@ -427,15 +416,8 @@ int run_router(const Options& o, int argc, char** argv) {
     log_msg('I', "listening on %s:%d", o.srv.host.c_str(), srv.port());
     log_msg('I', "router mode: %s%s%s", o.srv.models_dir.c_str(), o.srv.models_dir.empty() || o.srv.models_preset.empty() ? "" : ", ",
             o.srv.models_preset.c_str());
-    g_router_http = &srv;
-    struct sigaction sa {};
-    sa.sa_handler = on_router_signal;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, nullptr);
-    sigaction(SIGTERM, &sa, nullptr);
-    signal(SIGPIPE, SIG_IGN);
+    stop_on_signals(srv);
     srv.run();
-    g_router_http = nullptr;
     router.reset();  // stops every child
     log_msg('I', "router stopped");
     return 0;

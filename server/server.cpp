@@ -139,6 +139,17 @@ void load(const Options& o, const SchedulerConfig& cfg, Engine& e) {
 
 }  // namespace
 
+void stop_on_signals(http::Server& srv) {
+    g_http = &srv;
+    struct sigaction sa {};
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, nullptr);
+    sigaction(SIGTERM, &sa, nullptr);
+    signal(SIGPIPE, SIG_IGN);
+    if (g_stop_requested) srv.stop();
+}
+
 int run_server(const Options& o) {
     const ServerOptions& so = o.srv;
     check_server_options(so);
@@ -169,14 +180,7 @@ int run_server(const Options& o) {
     }
     // The listener is up before the model loads: /health answers 503 meanwhile.
     log_msg('I', "listening on %s:%d", so.host.c_str(), srv.port());
-    g_http = &srv;
-    struct sigaction sa {};
-    sa.sa_handler = on_stop_signal;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, nullptr);
-    sigaction(SIGTERM, &sa, nullptr);
-    signal(SIGPIPE, SIG_IGN);
-    if (g_stop_requested) srv.stop();
+    stop_on_signals(srv);
     std::thread http_thread([&] { srv.run(); });
 
     int rc = 0;

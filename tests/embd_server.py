@@ -37,6 +37,21 @@ def check(cond, what):
         print("FAIL:", what)
 
 
+def http_request(port, method, path, body=None, raw=False):
+    """(status, JSON body or, with raw, the text) of one request to 127.0.0.1:port; (0, None) if refused."""
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data, method=method,
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            text = r.read().decode()
+            return r.status, text if raw else json.loads(text)
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+    except (urllib.error.URLError, ConnectionError):
+        return 0, None
+
+
 class Server:
     def __init__(self, model, *flags):
         self.log = open(Path(model).with_suffix(".log"), "w+")
@@ -62,16 +77,7 @@ class Server:
         sys.exit("server not healthy")
 
     def request(self, method, path, body=None):
-        data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}", data=data, method=method,
-                                     headers={"Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(req, timeout=60) as r:
-                return r.status, json.loads(r.read())
-        except urllib.error.HTTPError as e:
-            return e.code, json.loads(e.read())
-        except (urllib.error.URLError, ConnectionError):
-            return 0, None
+        return http_request(self.port, method, path, body)
 
     def post(self, path, body):
         return self.request("POST", path, body)

@@ -10,37 +10,16 @@ model is still served, and the next request loads it again; /models/load and /mo
 proxy's overhead per request against the child's own port. Exit status 1 on a failure.
 Usage: router_test.py WORKDIR
 """
-import json
 import os
 import re
 import signal
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-FAILURES = []
-
-
-def check(cond, what):
-    if not cond:
-        FAILURES.append(what)
-        print("FAIL:", what)
-
-
-def request(port, method, path, body=None, raw=False):
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data, method=method,
-                                 headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=120) as r:
-            text = r.read().decode()
-            return r.status, text if raw else json.loads(text)
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from embd_server import FAILURES, ROOT, check, http_request as request  # noqa: E402
 
 
 def statuses(port):
