@@ -14,6 +14,10 @@ Python that runs this script (it is written into the header of the output). Tabl
   categories the pre-tokenizer regexes test with \\p{..}), bit 3 = White_Space (the Unicode property,
   which is what the reference tokenizer's `\\s` means; note it differs from str.isspace(), which also
   accepts U+001C..U+001F).
+- kUnicodeLower: (code point, lowercase) pairs where they differ, the first code point of Python's
+  str.lower() (as the reference's unicode_tolower).
+- kUnicodeNfdFirst: inclusive (first, last, base) runs: the first code point of each code point's NFD
+  decomposition where it differs (the reference's WordPiece normalizer keeps only that one).
 - kDeepseekLetterRanges: the cased-letter class of DeepSeek LLM's pre-tokenizer regex, as inclusive
   [lo, hi] pairs. The class is data of that model's tokenizer (tokenizer.json), so it is transcribed below
   rather than derived from categories (it was made from an older Unicode version).
@@ -87,6 +91,29 @@ def merge_ranges(items):
     return merged
 
 
+def emit(lines, entries, per_line, fmt):
+    """Appends `entries` formatted with fmt, per_line to a row."""
+    for i in range(0, len(entries), per_line):
+        lines.append("    " + " ".join(fmt % e for e in entries[i:i + per_line]))
+
+
+def lowercase_pairs():
+    return [(cp, ord(chr(cp).lower()[0])) for cp in range(MAX_CP) if ord(chr(cp).lower()[0]) != cp]
+
+
+def nfd_first_runs():
+    runs = []
+    for cp in range(MAX_CP):
+        base = ord(unicodedata.normalize("NFD", chr(cp))[0])
+        if base == cp:
+            continue
+        if runs and runs[-1][1] == cp - 1 and runs[-1][2] == base:
+            runs[-1][1] = cp
+        else:
+            runs.append([cp, cp, base])
+    return [tuple(r) for r in runs]
+
+
 def main():
     path = sys.argv[1] if len(sys.argv) > 1 else "llm.hpp"
     ranges = []
@@ -106,26 +133,24 @@ def main():
     lines.append("// (first code point << 8) | flags; a run lasts until the next entry's first code point.")
     lines.append("// flags: bits 0-2 UCat (other, number, letter, mark, punct, symbol, control), bit 3 White_Space.")
     lines.append("static const uint32_t kUnicodeRanges[] = {")
-    row = []
-    for cp, f in ranges:
-        row.append("0x%07X," % ((cp << 8) | f))
-        if len(row) == 8:
-            lines.append("    " + " ".join(row))
-            row = []
-    if row:
-        lines.append("    " + " ".join(row))
+    emit(lines, [((cp << 8) | f,) for cp, f in ranges], 8, "0x%07X,")
     lines.append("};")
     lines.append("")
     lines.append("// DeepSeek LLM pre-tokenizer letter class, inclusive [lo, hi] pairs.")
     lines.append("static const uint32_t kDeepseekLetterRanges[][2] = {")
-    row = []
-    for lo, hi in letters:
-        row.append("{0x%05X, 0x%05X}," % (lo, hi))
-        if len(row) == 5:
-            lines.append("    " + " ".join(row))
-            row = []
-    if row:
-        lines.append("    " + " ".join(row))
+    emit(lines, letters, 5, "{0x%05X, 0x%05X},")
+    lines.append("};")
+    lines.append("")
+    lines.append("// (code point, lowercase code point) where they differ, sorted.")
+    lines.append("static const uint32_t kUnicodeLower[][2] = {")
+    lower = lowercase_pairs()
+    emit(lines, lower, 6, "{0x%05X, 0x%05X},")
+    lines.append("};")
+    lines.append("")
+    lines.append("// Inclusive runs [first, last] of code points whose NFD decomposition starts with `base`, sorted.")
+    lines.append("static const uint32_t kUnicodeNfdFirst[][3] = {")
+    nfd = nfd_first_runs()
+    emit(lines, nfd, 4, "{0x%05X, 0x%05X, 0x%05X},")
     lines.append("};")
     with open(path, encoding="utf-8") as f:
         text = f.read()
@@ -134,7 +159,8 @@ def main():
     end = text.index("// END generated unicode tables")
     with open(path, "w", encoding="utf-8") as f:
         f.write(text[:begin] + "\n".join(lines) + "\n" + text[end:])
-    print("wrote %s: %d ranges, %d letter ranges" % (path, len(ranges), len(letters)))
+    print("wrote %s: %d ranges, %d letter ranges, %d lowercase pairs, %d NFD runs"
+          % (path, len(ranges), len(letters), len(lower), len(nfd)))
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <ctime>
+#include <deque>
 #include <functional>
 #include <random>
 
@@ -303,14 +304,14 @@ std::vector<int32_t> Api::parse_prompt(const json& p) const {
 
 // "prompt" as llama-server reads it: an array holding no bare token id is several prompts (each a
 // string, an array or an object); anything else is one.
-std::vector<std::vector<int32_t>> Api::parse_prompts(const json& pr) const {
+std::vector<std::vector<int32_t>> Api::parse_prompts(const json& pr, size_t max_prompts) const {
     std::vector<std::vector<int32_t>> out;
     const bool several = pr.is_array() && !pr.empty() && std::none_of(pr.begin(), pr.end(), [](const json& x) { return x.is_number(); });
     if (!several) {
         out.push_back(parse_prompt(pr));
         return out;
     }
-    if (pr.size() > kMaxPrompts) throw ApiError(400, "at most " + std::to_string(kMaxPrompts) + " prompts per request");
+    if (pr.size() > max_prompts) throw ApiError(400, "at most " + std::to_string(max_prompts) + " prompts per request");
     for (const json& x : pr) out.push_back(parse_prompt(x));
     return out;
 }
@@ -602,6 +603,8 @@ bool Api::stream_all(const Generation& g, const std::vector<std::shared_ptr<Chan
 
 void Api::handle_generate(const http::Request& req, http::Response& res, ApiKind kind) {
     check_body_bytes(req.body.size());
+    if (sched_->embeddings())
+        throw ApiError(501, "This server does not support completions. Start it without `--embeddings`", "not_supported_error");
     json b = parse_body(req.body);
     Generation g;
     g.kind = kind;
@@ -872,27 +875,28 @@ bool has_api_key(const http::Request& r, const std::vector<std::string>& keys) {
 
 }  // namespace
 
+HttpHandler guarded(HttpHandler fn) {
+    return [fn](const http::Request& req, http::Response& res) {
+        try {
+            fn(req, res);
+        } catch (const ApiError& e) {
+            res = http::Response();
+            json body = json::parse(http::error_json(e.status, e.what(), e.type));
+            for (const auto& [k, v] : e.fields) body["error"][k] = v;
+            res.set_json(dump(body), e.status);
+        } catch (const llm::Error& e) {
+            res = http::Response();
+            res.set_error(400, e.what());
+        }
+    };
+}
+
 void Api::install(http::Server& srv) {
     // Every path under --api-prefix (default: the root).
     const std::string prefix = o_.srv.api_prefix;
     auto route = [&](const char* method, const std::string& path, http::Server::Handler h) { srv.route(method, prefix + path, std::move(h)); };
     auto is_health = [prefix](const std::string& path) { return path == prefix + "/health" || path == prefix + "/v1/health"; };
-    // Errors a handler raises become OpenAI-style error bodies; the server keeps serving.
-    auto wrap = [](std::function<void(const http::Request&, http::Response&)> fn) {
-        return [fn](const http::Request& req, http::Response& res) {
-            try {
-                fn(req, res);
-            } catch (const ApiError& e) {
-                res = http::Response();
-                json body = json::parse(http::error_json(e.status, e.what(), e.type));
-                for (const auto& [k, v] : e.fields) body["error"][k] = v;
-                res.set_json(dump(body), e.status);
-            } catch (const llm::Error& e) {
-                res = http::Response();
-                res.set_error(400, e.what());
-            }
-        };
-    };
+    const auto& wrap = guarded;
     auto health = [this](const http::Request& q, http::Response& r) { handle_health(q, r); };
     route("GET", "/health", health);
     route("GET", "/v1/health", health);
@@ -912,14 +916,13 @@ void Api::install(http::Server& srv) {
     for (int i = 0; i < o_.n_parallel; i++) {
         route("POST", "/slots/" + std::to_string(i), wrap([this, i](const http::Request& q, http::Response& r) { handle_slot_action(q, r, i); }));
     }
-    // No embedding model is ever loaded here: llama-server's answer without --embeddings.
-    for (const char* p : {"/embedding", "/embeddings", "/v1/embeddings"}) {
-        route("POST", p, wrap([](const http::Request&, http::Response&) {
-            throw ApiError(501, "This server does not support embeddings. Start it with `--embeddings`", "not_supported_error");
-        }));
-    }
     route("GET", "/metrics", wrap([this](const http::Request&, http::Response& r) { handle_metrics(r); }));
     for (const char* p : {"/models", "/v1/models"}) route("GET", p, wrap([this](const http::Request&, http::Response& r) { handle_models(r); }));
+    for (const char* p : {"/embedding", "/embeddings"})
+        route("POST", p, wrap([this](const http::Request& q, http::Response& r) { handle_embeddings(q, r, false); }));
+    route("POST", "/v1/embeddings", wrap([this](const http::Request& q, http::Response& r) { handle_embeddings(q, r, true); }));
+    for (const char* p : {"/rerank", "/reranking", "/v1/rerank", "/v1/reranking"})
+        route("POST", p, wrap([this](const http::Request& q, http::Response& r) { handle_rerank(q, r); }));
 
     if (!o_.srv.api_keys.empty()) {
         const std::vector<std::string> keys = o_.srv.api_keys;
@@ -941,6 +944,169 @@ void Api::install(http::Server& srv) {
         }
         if (log_enabled('D') && !r.body.empty()) log_msg('D', "http: request body: %.2000s", r.body.c_str());
     });
+}
+
+
+// ---- embeddings and reranking ----------------------------------------------------------------------
+// llama-server's bodies: /embedding(s) answer [{"index", "embedding": [[...]]}] (one vector per token with
+// --pooling none), /v1/embeddings OpenAI's list with usage and encoding_format float|base64; /rerank
+// Jina's {"results": [{"index", "relevance_score"}]} sorted by score (TEI's [{"index", "score"}] when
+// the body has "texts"), cut to top_n.
+
+namespace {
+
+std::string base64(const void* data, size_t n) {
+    static const char alphabet[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    const uint8_t* p = (const uint8_t*)data;
+    std::string out;
+    out.reserve((n + 2) / 3 * 4);
+    for (size_t i = 0; i < n; i += 3) {
+        const uint32_t v = (uint32_t)p[i] << 16 | (i + 1 < n ? (uint32_t)p[i + 1] << 8 : 0) | (i + 2 < n ? p[i + 2] : 0);
+        out += alphabet[v >> 18];
+        out += alphabet[(v >> 12) & 63];
+        out += i + 1 < n ? alphabet[(v >> 6) & 63] : '=';
+        out += i + 2 < n ? alphabet[v & 63] : '=';
+    }
+    return out;
+}
+
+}  // namespace
+
+// Evaluates the prompts (each whole, in one step; the scheduler packs several into a step and shares
+// the slots with other requests) and returns their results in order. At most one task per slot is in
+// flight for this request, so a long list neither fills the queue nor starves other clients.
+std::vector<Result> Api::run_embeddings(const http::Request& req, const std::vector<std::vector<int32_t>>& prompts, const TaskParams& p) {
+    for (const auto& pr : prompts) {
+        if (pr.empty()) throw ApiError(400, "Input content cannot be empty");
+        if ((int)pr.size() > n_ctx_slot_) {
+            throw ApiError(400, "input (" + std::to_string(pr.size()) + " tokens) is larger than the context of a slot (" +
+                                    std::to_string(n_ctx_slot_) + " tokens)", "exceed_context_size_error");
+        }
+        if ((int)pr.size() > sched_->budget()) {
+            throw ApiError(500, "input (" + std::to_string(pr.size()) + " tokens) is too large to process. increase the physical batch size (current batch size: " +
+                                    std::to_string(sched_->budget()) + ")", "server_error");
+        }
+    }
+    std::vector<Result> results(prompts.size());
+    std::deque<std::pair<size_t, std::shared_ptr<Channel>>> running;
+    size_t next = 0;
+    auto cancel_all = [&] { for (auto& r : running) sched_->cancel(r.second); };
+    while (next < prompts.size() || !running.empty()) {
+        while (next < prompts.size() && (int)running.size() < n_slots_) {
+            running.emplace_back(next, sched_->submit(prompts[next], p));
+            next++;
+        }
+        Result r;
+        if (!running.front().second->pop(r, 100)) {
+            if (!req.client_connected()) { cancel_all(); throw ApiError(400, "client disconnected"); }
+            continue;
+        }
+        if (r.kind == Result::Error) { cancel_all(); throw ApiError(r.status, r.message, r.err_type); }
+        if (r.kind != Result::Final) continue;
+        results[running.front().first] = std::move(r);
+        running.pop_front();
+    }
+    return results;
+}
+
+void Api::handle_embeddings(const http::Request& req, http::Response& res, bool oai) {
+    if (!sched_->embeddings())
+        throw ApiError(501, "This server does not support embeddings. Start it with `--embeddings`", "not_supported_error");
+    json b = parse_body(req.body);
+    const json* input = opt_field(b, "input");
+    if (!input) {
+        input = opt_field(b, "content");
+        oai = false;  // "content" is llama.cpp's own field: its response shape
+    }
+    if (!input) throw ApiError(400, "\"input\" or \"content\" must be provided");
+    const std::string format = get_str(b, "encoding_format", "float");
+    if (format != "float" && format != "base64")
+        throw ApiError(400, "The format to return the embeddings in. Can be either float or base64");
+    const bool pooled = sched_->pooling() != llm::Pooling::None;
+    if (oai && !pooled) throw ApiError(400, "Pooling type 'none' is not OAI compatible. Please use a different pooling type");
+    TaskParams p;
+    p.embed = true;
+    p.embd_normalize = (int)get_int(b, "embd_normalize", o_.srv.embd_normalize, -1, 64);
+    const std::vector<Result> results = run_embeddings(req, parse_prompts(*input, kMaxInputs), p);
+    if (!oai) {
+        json out = json::array();
+        for (size_t i = 0; i < results.size(); i++) out.push_back(json{{"index", i}, {"embedding", results[i].embedding}});
+        res.set_json(dump(out));
+        return;
+    }
+    json data = json::array();
+    int n_tokens = 0;
+    for (size_t i = 0; i < results.size(); i++) {
+        const std::vector<float>& e = results[i].embedding[0];
+        json item{{"index", i}, {"object", "embedding"}};
+        if (format == "base64") {
+            item["embedding"] = base64(e.data(), e.size() * sizeof(float));
+            item["encoding_format"] = "base64";
+        } else {
+            item["embedding"] = e;
+        }
+        data.push_back(item);
+        n_tokens += results[i].n_prompt;
+    }
+    res.set_json(dump(json{{"model", get_str(b, "model", model_id())},
+                           {"object", "list"},
+                           {"usage", {{"prompt_tokens", n_tokens}, {"total_tokens", n_tokens}}},
+                           {"data", data}}));
+}
+
+void Api::handle_rerank(const http::Request& req, http::Response& res) {
+    if (!sched_->embeddings() || sched_->pooling() != llm::Pooling::Rank)
+        throw ApiError(501, "This server does not support reranking. Start it with `--reranking`", "not_supported_error");
+    json b = parse_body(req.body);
+    const json* query = opt_field(b, "query");
+    if (!query) throw ApiError(400, "\"query\" must be provided");
+    if (!query->is_string()) throw ApiError(400, "\"query\" must be a string");
+    const bool tei = b.contains("texts");
+    const json* docs = opt_field(b, tei ? "texts" : "documents");
+    if (!docs || !docs->is_array() || docs->empty() || docs->size() > kMaxInputs ||
+        !std::all_of(docs->begin(), docs->end(), [](const json& d) { return d.is_string(); }))
+        throw ApiError(400, "\"documents\" must be a non-empty string array");
+    const int top_n = (int)get_int(b, "top_n", (int64_t)docs->size(), 0, INT32_MAX);
+    const bool return_text = tei && get_bool(b, "return_text", false);
+    // Query and document as one pair, as llama-server joins them: [BOS] query [EOS] [SEP] doc [EOS].
+    const llm::Vocab& v = model_->vocab;
+    const int32_t eos = v.eos() >= 0 ? v.eos() : v.sep();
+    const std::vector<int32_t> q = v.tokenize(query->get<std::string>(), false, true);
+    std::vector<std::vector<int32_t>> prompts;
+    for (const json& d : *docs) {
+        std::vector<int32_t> t;
+        if (v.add_bos()) t.push_back(v.bos());
+        t.insert(t.end(), q.begin(), q.end());
+        if (v.add_eos()) t.push_back(eos);
+        if (v.add_sep()) t.push_back(v.sep());
+        const std::vector<int32_t> doc = v.tokenize(d.get<std::string>(), false, true);
+        t.insert(t.end(), doc.begin(), doc.end());
+        if (v.add_eos()) t.push_back(eos);
+        prompts.push_back(std::move(t));
+    }
+    TaskParams p;
+    p.embed = true;
+    p.embd_normalize = -1;  // the score is the head's raw output
+    const std::vector<Result> results = run_embeddings(req, prompts, p);
+    const char* score_key = tei ? "score" : "relevance_score";
+    json items = json::array();
+    int n_tokens = 0;
+    for (size_t i = 0; i < results.size(); i++) {
+        json item{{"index", i}, {score_key, results[i].embedding[0][0]}};
+        if (return_text) item["text"] = (*docs)[i];
+        items.push_back(item);
+        n_tokens += results[i].n_prompt;
+    }
+    std::stable_sort(items.begin(), items.end(), [&](const json& x, const json& y) { return x[score_key].get<double>() > y[score_key].get<double>(); });
+    if ((int)items.size() > top_n) items.erase(items.begin() + top_n, items.end());
+    if (tei) {
+        res.set_json(dump(items));
+        return;
+    }
+    res.set_json(dump(json{{"model", get_str(b, "model", model_id())},
+                           {"object", "list"},
+                           {"usage", {{"prompt_tokens", n_tokens}, {"total_tokens", n_tokens}}},
+                           {"results", items}}));
 }
 
 }  // namespace srv

@@ -22,6 +22,11 @@ struct ChatTemplate {
     std::string source;
 };
 
+using HttpHandler = std::function<void(const http::Request&, http::Response&)>;
+// A route's handler whose errors become OpenAI-style error bodies (ApiError: its status and fields;
+// llm::Error: 400); the server keeps serving.
+HttpHandler guarded(HttpHandler fn);
+
 enum class ApiKind { Completion, OaiCompletion, OaiChat };
 
 class Api {
@@ -36,7 +41,8 @@ public:
 
 private:
     using json = nlohmann::json;
-    static constexpr size_t kMaxPrompts = 64;  // prompts in one /completion request
+    static constexpr size_t kMaxPrompts = 64;    // prompts in one /completion request
+    static constexpr size_t kMaxInputs = 2048;   // inputs (documents) of one embeddings (rerank) request, as OpenAI's
 
     // A generation request, parsed.
     struct Generation {
@@ -68,11 +74,16 @@ private:
     void handle_metrics(http::Response& res);
     void handle_models(http::Response& res);
     void handle_health(const http::Request& req, http::Response& res);
+    // embeddings.cpp: /embedding(s), /v1/embeddings (oai) and /rerank, as llama-server answers them.
+    void handle_embeddings(const http::Request& req, http::Response& res, bool oai);
+    void handle_rerank(const http::Request& req, http::Response& res);
+    std::vector<Result> run_embeddings(const http::Request& req, const std::vector<std::vector<int32_t>>& prompts,
+                                       const TaskParams& p);
 
     // ---- requests
     TaskParams parse_params(const json& b, ApiKind kind) const;
     std::vector<int32_t> parse_prompt(const json& prompt) const;
-    std::vector<std::vector<int32_t>> parse_prompts(const json& prompt) const;
+    std::vector<std::vector<int32_t>> parse_prompts(const json& prompt, size_t max_prompts = kMaxPrompts) const;
     void check_fits(const std::vector<int32_t>& prompt) const;
     std::string render_chat(const json& b) const;
     std::vector<int32_t> tokenize_prompt(const std::string& text) const;

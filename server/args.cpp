@@ -329,7 +329,14 @@ const std::vector<Flag>& flags() {
         {{"--warmup"}, {"--no-warmup"}, nullptr, nullptr, G::Server, "warm-up decode before reporting healthy (default: on)",
          [](Options& o, const Arg& a) { o.srv.warmup = a.on(); }},
         {{"--spm-infill"}, {}, nullptr, nullptr, G::Server, "Suffix/Prefix/Middle pattern for infill", note("/infill uses the Prefix/Suffix/Middle pattern (ignored)")},
-        {{"--pooling"}, {}, "LLAMA_ARG_POOLING", "{none,mean,cls,last,rank}", G::Server, "pooling type for embeddings", note("no embedding models in this build (ignored)")},
+        {{"--pooling"}, {}, "LLAMA_ARG_POOLING", "{none,mean,cls,last,rank}", G::Server, "pooling type for embeddings (default: the model's own)",
+         [](Options& o, const Arg& a) {
+             try {
+                 o.pooling = llm::pooling_from_name(a.value);
+             } catch (const llm::Error& e) {
+                 usage_error(e.what());
+             }
+         }},
         {{"-np", "--parallel"}, {}, "LLAMA_ARG_N_PARALLEL", "N", G::Server, "slots: requests served at once, -c split across them (default 1; -1 = 4 slots in one pool)",
          [](Options& o, const Arg& a) {
              o.n_parallel = a.to_int() == -1 ? 4 : a.to_int();
@@ -348,7 +355,9 @@ const std::vector<Flag>& flags() {
          [](Options& o, const Arg& a) { o.srv.aliases = a.list(); }},
         {{"--tags"}, {}, "LLAMA_ARG_TAGS", "STRING", G::Server, "model tags, comma-separated (informational, in /v1/models)",
          [](Options& o, const Arg& a) { o.srv.tags = a.list(); }},
-        {{"--embd-normalize"}, {}, nullptr, "N", G::Server, "normalisation for embeddings", note("no embedding models in this build (ignored)")},
+        {{"--embd-normalize"}, {}, nullptr, "N", G::Server,
+         "normalisation for embeddings: -1 none, 0 max absolute int16, 1 taxicab, 2 euclidean (default), >2 p-norm",
+         [](Options& o, const Arg& a) { o.srv.embd_normalize = a.to_int(); }},
         {{"--host"}, {}, "LLAMA_ARG_HOST", "HOST", G::Server, "address to listen on, numeric IPv4/IPv6 (default 127.0.0.1)",
          [](Options& o, const Arg& a) { o.srv.host = a.value; }},
         {{"--port"}, {}, "LLAMA_ARG_PORT", "PORT", G::Server, "port (default 8080; 0 = any free one, logged as 'listening on H:P')",
@@ -365,8 +374,11 @@ const std::vector<Flag>& flags() {
          note("the web page has no settings (ignored)")},
         {{"--webui", "--ui"}, {"--no-webui", "--no-ui"}, "LLAMA_ARG_UI", nullptr, G::Server, "serve the web page at / (default: on)",
          [](Options& o, const Arg& a) { o.srv.webui = a.on(); }},
-        {{"--embedding", "--embeddings"}, {}, "LLAMA_ARG_EMBEDDINGS", nullptr, G::Server, "embedding-only mode", note("no embedding models in this build (ignored)", 'W')},
-        {{"--rerank", "--reranking"}, {}, "LLAMA_ARG_RERANKING", nullptr, G::Server, "reranking endpoint", note("no reranking models in this build (ignored)", 'W')},
+        {{"--embedding", "--embeddings"}, {}, "LLAMA_ARG_EMBEDDINGS", nullptr, G::Server,
+         "embedding-only mode: /embedding(s) and /v1/embeddings, no completions", [](Options& o, const Arg& a) { o.embedding = a.on(); }},
+        {{"--rerank", "--reranking"}, {}, "LLAMA_ARG_RERANKING", nullptr, G::Server,
+         "reranking endpoint /rerank (embeddings with rank pooling: the model's classification head)",
+         [](Options& o, const Arg& a) { o.srv.reranking = o.embedding = a.on(); }},
         {{"--api-key"}, {}, "LLAMA_API_KEY", "KEY", G::Server, "API keys, comma-separated: requests need 'Authorization: Bearer KEY' (/health stays open)",
          [](Options& o, const Arg& a) {
              for (const std::string& k : a.list()) o.srv.api_keys.push_back(k);
@@ -396,10 +408,14 @@ const std::vector<Flag>& flags() {
         {{"--slot-save-path"}, {}, "LLAMA_ARG_SLOT_SAVE_PATH", "PATH", G::Server, "folder of /slots/{id}?action=save|restore files (default: off)",
          [](Options& o, const Arg& a) { o.srv.slot_save_path = a.value; }},
         {{"--media-path"}, {}, nullptr, "PATH", G::Server, "local media files", note(kNoMedia)},
-        {{"--models-dir"}, {}, "LLAMA_ARG_MODELS_DIR", "PATH", G::Server, "models of the router server", note("one model per server here: give it with -m", 'W')},
-        {{"--models-preset"}, {}, "LLAMA_ARG_MODELS_PRESET", "PATH", G::Server, "model presets of the router server", note("one model per server here (ignored)")},
-        {{"--models-max"}, {}, "LLAMA_ARG_MODELS_MAX", "N", G::Server, "models loaded at once by the router", note("one model per server here (ignored)")},
-        {{"--models-autoload"}, {"--no-models-autoload"}, "LLAMA_ARG_MODELS_AUTOLOAD", nullptr, G::Server, "router autoload", note("one model per server here (ignored)")},
+        {{"--models-dir"}, {}, "LLAMA_ARG_MODELS_DIR", "PATH", G::Server, "router mode (no -m): serve every *.gguf in PATH, one child process each",
+         [](Options& o, const Arg& a) { o.srv.models_dir = a.value; }},
+        {{"--models-preset"}, {}, "LLAMA_ARG_MODELS_PRESET", "PATH", G::Server, "router mode: models from an INI file (a section per model, keys are long flags, [*] defaults)",
+         [](Options& o, const Arg& a) { o.srv.models_preset = a.value; }},
+        {{"--models-max"}, {}, "LLAMA_ARG_MODELS_MAX", "N", G::Server, "router mode: models running at once, least recently used stopped first (default 4, 0 = no limit)",
+         [](Options& o, const Arg& a) { o.srv.models_max = a.to_int(); }},
+        {{"--models-autoload"}, {"--no-models-autoload"}, "LLAMA_ARG_MODELS_AUTOLOAD", nullptr, G::Server, "router mode: start a model on its first request (default: on)",
+         [](Options& o, const Arg& a) { o.srv.models_autoload = a.on(); }},
         {{"--jinja"}, {"--no-jinja"}, "LLAMA_ARG_JINJA", nullptr, G::Server, "Jinja chat templates",
          note("the template's family is recognized and rendered natively (no Jinja engine yet)")},
         {{"--reasoning-format"}, {}, "LLAMA_ARG_THINK", "FORMAT", G::Server, "reasoning extraction", note("thoughts stay in message.content (ignored)")},
@@ -536,6 +552,21 @@ void apply_environment(Options& o) {
     }
 }
 
+}  // namespace
+
+int flag_arity(const std::string& spelling) {
+    for (const Flag& f : flags()) {
+        const bool named = std::find(f.names.begin(), f.names.end(), spelling) != f.names.end() ||
+                           std::find(f.negations.begin(), f.negations.end(), spelling) != f.negations.end();
+        if (!named) continue;
+        if (!f.value || f.value[0] == '[') return 0;
+        return 1 + (int)std::count(f.value, f.value + strlen(f.value), ' ');
+    }
+    return -1;
+}
+
+namespace {
+
 void apply_argv(Options& o, int argc, char** argv) {
     std::map<std::string, std::pair<const Flag*, bool>> by_name;  // spelling -> flag, negation
     for (const Flag& f : flags()) {
@@ -573,10 +604,15 @@ Options parse_args(int argc, char** argv) {
         else o.reverse_prompts.push_back(o.short_r);
     }
     if (o.escape) o.prompt = unescape(o.prompt);
-    if (o.model.empty()) usage_error("no model given (-m MODEL)");
+    if (o.model.empty() && o.srv.models_dir.empty() && o.srv.models_preset.empty())
+        usage_error("no model given (-m MODEL, or --models-dir / --models-preset for router mode)");
     if (o.n_batch <= 0) usage_error("--batch-size must be positive");
     if (o.n_threads < 0) usage_error("--threads must not be negative");
     if (o.n_parallel <= 0 || o.n_parallel > 256) usage_error("--parallel must be in 1..256");
+    if (o.srv.reranking) {
+        if (o.pooling != llm::Pooling::Unspecified && o.pooling != llm::Pooling::Rank) usage_error("--reranking needs --pooling rank");
+        o.pooling = llm::Pooling::Rank;
+    }
     return o;
 }
 
@@ -597,6 +633,8 @@ llm::ContextParams context_params(const Options& o, int n_ctx) {
     cp.type_k = o.type_k;
     cp.type_v = o.type_v;
     cp.moe_grouped = !o.moe_per_token;
+    cp.embeddings = o.embedding;
+    cp.pooling = o.pooling;
     return cp;
 }
 

@@ -20,6 +20,11 @@ struct ServerOptions {
     int cache_ram_mib = 8192, max_connections = 64, max_connections_per_client = 0;  // 0: half of max_connections
     bool context_shift = false, kv_unified = false, warmup = true, cache_prompt = true;
     bool metrics = false, props_post = false, slots = true, webui = true;
+    std::string models_dir, models_preset;  // router mode (router.hpp)
+    int models_max = 4;
+    bool models_autoload = true;
+    bool reranking = false;   // --reranking: /rerank served (implies embeddings with rank pooling)
+    int embd_normalize = 2;   // --embd-normalize: the default of embedding requests
 };
 
 struct Options {
@@ -35,6 +40,8 @@ struct Options {
     std::string short_r;                       // -r's value: --bench repetitions, else a reverse prompt
     int log_verbosity = 3;                     // 1 errors, 2 warnings, 3 info, 4+ debug; -1 nothing
     std::string log_file;
+    bool embedding = false;                              // --embedding(s): the context computes embeddings
+    llm::Pooling pooling = llm::Pooling::Unspecified;   // --pooling
     llm::SamplerParams sampling;
     ServerOptions srv;
     // What accepted flags mean here, one line each ('I' or 'W', text), logged at startup.
@@ -44,6 +51,8 @@ struct Options {
 [[noreturn]] void usage_error(const std::string& msg);
 // The environment's LLAMA_ARG_* variables, then argv (a flag given overrides its variable).
 Options parse_args(int argc, char** argv);
+// Values a flag spelling takes: 0 for a switch (or a flag whose value is optional), -1 if unknown.
+int flag_arity(const std::string& spelling);
 // True when no command-line mode is asked for: the HTTP server runs.
 bool wants_server(const Options& o);
 // The model name requests and responses use: the first --alias, else the model path.

@@ -8,7 +8,9 @@
 //   llm-server -m MODEL --bench -p 512 -n 128 -r 5  prompt / generation tokens per second
 //   llm-server -m MODEL [--host H --port P ...]     the HTTP server (no mode flag)
 //
-// Units: args (flags, --help), cli (the command-line modes), server (the HTTP mode's lifecycle), api
+// Without -m, --models-dir / --models-preset run the router (router.cpp): a child process per model.
+//
+// Units: args (flags, --help), cli (the command-line modes), server (the HTTP mode's lifecycle), router, api
 // (routes, requests, responses: all JSON), scheduler (slots, batching, sampling), prompt_cache (host-RAM
 // slot states), util, engine (the one unit compiling llm.hpp's implementation).
 #include <cstdio>
@@ -16,6 +18,7 @@
 
 #include "args.hpp"
 #include "cli.hpp"
+#include "router.hpp"
 #include "server.hpp"
 #include "util.hpp"
 
@@ -25,6 +28,7 @@ int main(int argc, char** argv) {
     try {
         set_log_options(o.log_verbosity, o.log_file);
         for (const auto& [level, text] : o.notes) log_msg(level, "%s", text.c_str());
+        if (wants_router(o)) return run_router(o, argc, argv);
         if (o.tokenize) return run_tokenize(o);
         if (o.plan) return run_plan(o);
         if (wants_server(o)) return run_server(o);

@@ -118,8 +118,9 @@ Slot* Scheduler::pick_slot(const Task& t, const std::vector<bool>& taken) {
 
 void Scheduler::start_task(Slot& s, std::unique_ptr<Task> t) {
     const std::vector<int32_t>& prompt = t->prompt;
-    size_t reuse = t->p.cache_prompt ? common_prefix(s.cache, prompt) : 0;
-    if (ram_.enabled()) {
+    const bool reuse_cache = t->p.cache_prompt && !t->p.embed;  // pooling needs every token in one batch
+    size_t reuse = reuse_cache ? common_prefix(s.cache, prompt) : 0;
+    if (ram_.enabled() && !t->p.embed) {
         // What this request would overwrite goes to host RAM first; a saved state sharing a longer
         // prefix with the prompt comes back.
         if (s.cache.size() > reuse && s.cache.size() >= 16) ram_.save(s.cache, ctx_.seq_save(s.id, (int)s.cache.size()));
@@ -161,6 +162,7 @@ void Scheduler::start_task(Slot& s, std::unique_ptr<Task> t) {
     s.stop_type = "none";
     s.stopping_word.clear();
     s.truncated = false;
+    s.embedding.clear();
     log_msg('I', "slot %d: task %lld: prompt %zu tokens, %zu cached, n_predict %d", s.id, (long long)t->id, prompt.size(), reuse,
             t->p.n_predict);
     s.task = std::move(t);
@@ -355,6 +357,7 @@ void Scheduler::finish(Slot& s, const std::string& stop_type) {
     r.stop_type = stop_type;
     r.stopping_word = s.stopping_word;
     r.truncated = s.truncated;
+    r.embedding = std::move(s.embedding);
     r.prompt_ms = (s.t_first - s.t_start) * 1000;
     r.predicted_ms = (now - s.t_first) * 1000;
     {
@@ -428,6 +431,23 @@ void Scheduler::on_logits(Slot& s, const float* logits) {
     emit_partial(s);
 }
 
+// An embedding task's prompt is evaluated: its pooled vector (normalized as asked), or with
+// Pooling::None every token's. Returns how many output entries it used.
+int Scheduler::on_embeddings(Slot& s, int first_output) {
+    s.t_first = now_seconds();
+    const int n = ctx_.n_embd_out();
+    int used = 1;
+    if (ctx_.pooling() == llm::Pooling::None) {
+        used = s.n_prompt;
+        for (int i = 0; i < used; i++) s.embedding.emplace_back(ctx_.embeddings(first_output + i), ctx_.embeddings(first_output + i) + n);
+    } else {
+        s.embedding.emplace_back(n);
+        llm::embd_normalize(ctx_.seq_embeddings(s.id), s.embedding[0].data(), n, s.task->p.embd_normalize);
+    }
+    finish(s, "none");
+    return used;
+}
+
 // One scheduler step: one Batch, one decode. Returns false when there was nothing to evaluate.
 bool Scheduler::step(llm::Batch& batch) {
     struct Part { Slot* s; size_t n; bool logits; };
@@ -440,7 +460,8 @@ bool Scheduler::step(llm::Batch& batch) {
     auto add = [&](Slot& s, size_t n) {
         const size_t from = s.cache.size();
         const bool logits = n == s.pending();
-        for (size_t i = 0; i < n; i++) batch.add(s.target[from + i], (int32_t)(from + i), s.id, logits && i == n - 1);
+        const bool every_token = s.task->p.embed && ctx_.pooling() == llm::Pooling::None;
+        for (size_t i = 0; i < n; i++) batch.add(s.target[from + i], (int32_t)(from + i), s.id, logits && (every_token || i == n - 1));
         parts.push_back({&s, n, logits});
         budget -= n;
     };
@@ -455,6 +476,7 @@ bool Scheduler::step(llm::Batch& batch) {
     std::sort(prefill.begin(), prefill.end(), [](Slot* a, Slot* b) { return a->task->id < b->task->id; });
     for (Slot* s : prefill) {
         if (budget == 0) break;
+        if (s->task->p.embed && s->pending() > budget) continue;  // pooled whole: wait for a step with room
         add(*s, std::min(budget, s->pending()));
     }
     if (parts.empty()) return false;
@@ -482,7 +504,8 @@ bool Scheduler::step(llm::Batch& batch) {
             s.n_prompt_evaluated += (int)pt.n;
             if (s.task->p.return_progress) send_progress(s);
         }
-        if (pt.logits) on_logits(s, ctx_.logits(li++));
+        if (pt.logits && s.task->p.embed) li += on_embeddings(s, li);
+        else if (pt.logits) on_logits(s, ctx_.logits(li++));
     }
     return true;
 }

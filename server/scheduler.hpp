@@ -45,6 +45,8 @@ struct TaskParams {
     bool stream = false, cache_prompt = true, return_tokens = false, ignore_eos = false;
     bool return_progress = false;      // Progress results while the prompt is evaluated
     bool post_sampling_probs = false;  // n_probs as probabilities after the sampler (shaping only)
+    bool embed = false;      // an embedding (or rerank) task: the whole prompt in one step, no generation
+    int embd_normalize = 2;  // of its pooled vector (embd_normalize's norms)
     std::vector<std::string> stop;
     llm::SamplerParams sampling;
 };
@@ -64,6 +66,8 @@ struct Result {
     std::vector<int32_t> tokens;
     std::vector<TokenProb> probs;
     // Partial, Progress and Final (Progress: n_prompt_evaluated counts the cached tokens too)
+    // Final; embedding tasks: the pooled vector, or each token's with Pooling::None
+    std::vector<std::vector<float>> embedding;
     int slot = -1, n_prompt = 0, n_prompt_evaluated = 0, n_cache_reused = 0, n_predicted = 0, n_cache = 0;
     std::string stop_type = "none", stopping_word;
     bool truncated = false;
@@ -107,6 +111,7 @@ struct Slot {
     double t_start = 0, t_first = 0;
     std::string stop_type = "none", stopping_word;
     bool truncated = false;
+    std::vector<std::vector<float>> embedding;  // an embedding task's result
     size_t pending() const { return target.size() - cache.size(); }
 };
 
@@ -154,6 +159,7 @@ struct SchedulerConfig {
     bool context_shift = false, kv_unified = false;
     bool special = false;        // special tokens go into the text (-sp)
     size_t ram_cache_bytes = 0;  // SIZE_MAX: unbounded, 0: off
+    bool embeddings = false;     // the context computes embeddings: only embed tasks are served
 };
 
 class Scheduler {
@@ -170,6 +176,9 @@ public:
     Load load() const;
     int n_slots() const { return cfg_.n_slots; }
     int n_ctx_slot() const { return n_ctx_slot_; }
+    int budget() const { return cfg_.budget; }
+    bool embeddings() const { return cfg_.embeddings; }
+    llm::Pooling pooling() const { return ctx_.pooling(); }
 
     // ---- the scheduler thread: steps until stop(), then fails what is left with 503
     void run();
@@ -180,6 +189,7 @@ private:
     void start_task(Slot& s, std::unique_ptr<Task> t);
     bool step(llm::Batch& batch);
     void on_logits(Slot& s, const float* logits);
+    int on_embeddings(Slot& s, int first_output);
     void emit_partial(Slot& s);
     void finish(Slot& s, const std::string& stop_type);
     void fail_slot(Slot& s, int status, const std::string& msg);

@@ -119,6 +119,10 @@ void load(const Options& o, const SchedulerConfig& cfg, Engine& e) {
             (now_seconds() - t0) * 1000);
     if (!e.model->vocab.has_tokenizer()) log_msg('W', "the model has no tokenizer: only prompts of token ids will work");
     llm::ContextParams cp = context_params(o, o.n_ctx);
+    if (!hp.causal && !cp.embeddings) {
+        log_msg('W', "%s is an encoder: serving embeddings (as with --embeddings)", e.model->arch_str.c_str());
+        cp.embeddings = true;
+    }
     cp.n_seq = cfg.n_slots;
     cp.kv_unified = cfg.kv_unified;
     e.ctx = std::make_unique<llm::Context>(*e.model, cp);
@@ -134,10 +138,23 @@ void load(const Options& o, const SchedulerConfig& cfg, Engine& e) {
         e.ctx->seq_truncate(0, 0);
         log_msg('I', "warm-up done in %.0f ms", (now_seconds() - t0) * 1000);
     }
-    e.sched = std::make_unique<Scheduler>(*e.model, *e.ctx, cfg);
+    SchedulerConfig sc = cfg;
+    sc.embeddings = cp.embeddings;
+    e.sched = std::make_unique<Scheduler>(*e.model, *e.ctx, sc);
 }
 
 }  // namespace
+
+void stop_on_signals(http::Server& srv) {
+    g_http = &srv;
+    struct sigaction sa {};
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, nullptr);
+    sigaction(SIGTERM, &sa, nullptr);
+    signal(SIGPIPE, SIG_IGN);
+    if (g_stop_requested) srv.stop();
+}
 
 int run_server(const Options& o) {
     const ServerOptions& so = o.srv;
@@ -172,14 +189,7 @@ int run_server(const Options& o) {
     }
     // The listener is up before the model loads: /health answers 503 meanwhile.
     log_msg('I', "listening on %s:%d", so.host.c_str(), srv.port());
-    g_http = &srv;
-    struct sigaction sa {};
-    sa.sa_handler = on_stop_signal;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, nullptr);
-    sigaction(SIGTERM, &sa, nullptr);
-    signal(SIGPIPE, SIG_IGN);
-    if (g_stop_requested) srv.stop();
+    stop_on_signals(srv);
     std::thread http_thread([&] { srv.run(); });
 
     int rc = 0;

@@ -6,11 +6,16 @@
 #pragma once
 #include "args.hpp"
 
+namespace http { class Server; }
+
 namespace srv {
 
 // Listens (the port is up before the model loads: /health answers 503 meanwhile), loads the model,
 // serves until SIGINT/SIGTERM (the first drains in-flight requests within --shutdown-grace, a second
 // exits at once). Returns the exit status.
 int run_server(const Options& o);
+
+// From now on the first SIGINT/SIGTERM stops srv (it drains in-flight requests), a second exits at once.
+void stop_on_signals(http::Server& srv);
 
 }  // namespace srv

@@ -75,10 +75,6 @@ TEST_CASE("tokenizer: reference vectors of every family") {
     CHECK(inputs.size() >= 9);
     for (const std::string& inp : inputs) {
         const std::string family = inp.substr(11, inp.size() - 11 - 9);  // ggml-vocab-FAMILY.gguf.inp
-        if (family == "bert-bge") {
-            MESSAGE("bert-bge: WordPiece is not implemented yet, skipped");
-            continue;
-        }
         INFO("family " << family);
         const llm::Vocab v = load_vocab(family);
         const auto cases = read_cases(family);
@@ -90,7 +86,9 @@ TEST_CASE("tokenizer: reference vectors of every family") {
             CHECK(ids == cases[i].ids);
             exact += ids == cases[i].ids;
             // Decoding gives the text back, except where the BPE clean-up deliberately edits spacing.
-            if (!v.clean_spaces() || !touched_by_cleanup(cases[i].text)) CHECK(v.detokenize(ids) == cases[i].text);
+            // WordPiece lowercases and drops accents and spacing: no way back.
+            if (v.model_type() != "bert" && (!v.clean_spaces() || !touched_by_cleanup(cases[i].text)))
+                CHECK(v.detokenize(ids) == cases[i].text);
         }
         MESSAGE(family << ": " << exact << "/" << cases.size() << " texts exact");
     }
