@@ -152,6 +152,7 @@ struct SchedulerConfig {
     int budget = 512;          // most tokens per step: min(-b, -ub)
     int max_queue = 64;        // requests that may wait for a slot
     bool context_shift = false, kv_unified = false;
+    bool special = false;        // special tokens go into the text (-sp)
     size_t ram_cache_bytes = 0;  // SIZE_MAX: unbounded, 0: off
 };
 
@@ -190,6 +191,8 @@ private:
     TokenProb token_prob(const float* logits, int32_t tok, const Slot& s) const;
     void run_slot_actions();
     SlotActionResult do_slot_action(const SlotAction& a);
+    SlotActionResult save_slot(Slot& s, const std::string& path);
+    SlotActionResult restore_slot(Slot& s, const std::string& path);
     void send_progress(Slot& s);
 
     const llm::Model& model_;
