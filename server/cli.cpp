@@ -99,9 +99,7 @@ int run_complete(const Options& o, const llm::Model& m) {
     if (o.verbose_prompt) {
         for (int32_t t : tokens) fprintf(stderr, "%6d -> '%s'\n", t, m.vocab.token_to_piece(t).c_str());
     }
-    llm::SamplerParams sampling = o.sampling;
-    sampling.ignore_eos = o.ignore_eos;  // as llama.cpp: end-of-generation tokens are never sampled
-    llm::Sampler sampler(sampling, &m.vocab);
+    llm::Sampler sampler(o.sampling, &m.vocab);
     for (int32_t t : tokens) sampler.accept(t, false);  // the prompt is not the grammar's text
     fputs(o.prompt_file.empty() && !o.has_prompt_ids ? o.prompt.c_str() : "", stdout);
     fflush(stdout);
