@@ -8,7 +8,8 @@
 // Table of contents
 //   1. Public API            errors, tensor types, GGUF reader, quantized rows, quantizer, vocabulary,
 //                            chat templates, model, pooling, context (KV cache, batches with an
-//                            attention mask, embeddings), sampler, evaluation, memory planning
+//                            attention mask, embeddings), sampler and GBNF grammar, evaluation,
+//                            memory planning
 //   -- implementation (LLM_IMPLEMENTATION) --
 //   2. Utilities             errors, half/bfloat conversions, timing
 //   3. Block layouts         ggml's quantized blocks, byte for byte, the type table, interleaved groups
@@ -31,7 +32,8 @@
 //  15. Forward pass          GQA and MLA attention, dense and MoE FFN, one path for prefill and decode;
 //                            the bert encoder, embeddings and pooling (mean/cls/last/rank head)
 //  16. Memory planning       KV bytes per token, the --plan calculator
-//  17. Sampling              penalties, top-k, top-p, min-p, temperature, seeded RNG
+//  17. Sampling              llama.cpp's chain (logit bias, penalties, DRY, top-n-sigma, top-k, typical,
+//                            top-p, min-p, XTC, (dynamic) temperature, mirostat), GBNF grammars
 //  18. Evaluation            perplexity and KL divergence
 #ifndef LLM_HPP
 #define LLM_HPP
@@ -595,30 +597,99 @@ private:
 };
 
 // ---- Sampling ------------------------------------------------------------------------------
+// The stages of the sampling chain, named as llama.cpp's common_sampler_type. The chain always starts
+// with logit_bias (and the grammar) and ends with a draw from the remaining distribution.
+enum class SamplerStage { Penalties, Dry, TopNSigma, TopK, TypicalP, TopP, MinP, Xtc, Temperature };
+const std::vector<SamplerStage>& default_sampler_stages();  // llama-server's order (above)
+const char* sampler_stage_name(SamplerStage s);             // "penalties", "dry", "top_k", "typ_p", ...
+// llama.cpp's names ("top_k", "typ_p", ... and the alternates "top-k", "nucleus", "typical", "temp", ...)
+// and letters ("edskypmxt"); names or letters it does not know are skipped, as llama.cpp does.
+std::vector<SamplerStage> sampler_stages_from_names(const std::vector<std::string>& names);
+std::vector<SamplerStage> sampler_stages_from_chars(const std::string& chars);
+
 struct SamplerParams {
     float temperature = 0.8f;  // <= 0: greedy
     int top_k = 40;            // <= 0: off
     float top_p = 0.95f;       // >= 1: off
     float min_p = 0.05f;       // <= 0: off
+    float typical_p = 1.0f;    // >= 1: off (locally typical sampling)
+    float top_n_sigma = -1.0f; // <= 0: off; keeps logits within n standard deviations of the best
+    float xtc_probability = 0.0f, xtc_threshold = 0.1f;  // exclude top choices: off at probability 0
+    float dynatemp_range = 0.0f, dynatemp_exponent = 1.0f;  // entropy-scaled temperature in t +- range
     int penalty_last_n = 64;   // window of previous tokens the penalties look at (0 = off, -1 = context)
     float repeat_penalty = 1.0f, frequency_penalty = 0.0f, presence_penalty = 0.0f;
+    // DRY ("don't repeat yourself"): a token that would extend a repeat of >= allowed_length tokens is
+    // penalized by multiplier * base^(length - allowed_length); breakers end the repeat search.
+    float dry_multiplier = 0.0f, dry_base = 1.75f;
+    int dry_allowed_length = 2, dry_penalty_last_n = -1;  // -1: the whole history
+    std::vector<std::string> dry_sequence_breakers = {"\n", ":", "\"", "*"};
+    int mirostat = 0;          // 1 or 2: mirostat v1/v2 replace the stages (after temperature)
+    float mirostat_tau = 5.0f, mirostat_eta = 0.1f;
+    int min_keep = 0;          // top_p, min_p, typical_p and xtc keep at least this many candidates
+    bool ignore_eos = false;   // end-of-generation tokens are banned (needs the vocabulary)
+    std::vector<std::pair<int32_t, float>> logit_bias;  // added to the logits; -inf bans a token
+    std::vector<SamplerStage> samplers = default_sampler_stages();
+    std::string grammar;       // GBNF; generated text must be a sentence of its "root" (needs the vocabulary)
     uint64_t seed = 0xFFFFFFFF;  // 0xFFFFFFFF = random
 };
 
+// A GBNF grammar (llama.cpp's grammar format: rules `name ::= ...`, alternatives `|`, groups, `*` `+`
+// `?` `{m,n}`, "literals", [character classes] with ranges and ^negation, `.`, escapes, # comments).
+// Parsing throws Error naming the problem; sizes are bounded (rules, elements, nesting, repetition
+// counts), and left recursion is refused, so a hostile grammar is an error rather than a hang.
+class Grammar {
+public:
+    explicit Grammar(const std::string& gbnf, const std::string& root = "root");
+    bool matches(const std::string& text) const;  // the whole text is a sentence of the grammar
+    size_t rule_count() const;
+    struct Rules;
+    struct State;
+    std::shared_ptr<const Rules> rules() const { return rules_; }
+private:
+    std::shared_ptr<const Rules> rules_;
+};
+
+// A JSON schema as a GBNF grammar, as llama.cpp's json-schema-to-grammar converts it, for the common
+// subset: objects (properties, required, additionalProperties, allOf), arrays (items, prefixItems,
+// minItems/maxItems), strings (enum, const, minLength/maxLength, formats date, time, date-time,
+// uuid), numbers, integers, booleans, null, anyOf/oneOf, $ref to #/$defs or #/definitions (recursion
+// allowed), type lists. "{}" or "true" is any JSON value. Numeric bounds are not enforced; "pattern"
+// is refused. Throws Error for invalid JSON or an unsupported or invalid schema.
+std::string json_schema_to_grammar(const std::string& schema_json);
+
+// The chain llama-server runs: logit_bias, then the stages in params.samplers (or temperature and
+// mirostat), then a seeded draw. With a grammar, the drawn token is checked first and only when it is
+// rejected is the whole vocabulary masked and the chain run again (as llama.cpp does).
 class Sampler {
 public:
-    explicit Sampler(const SamplerParams& p = {});
+    // vocab: needed by grammar, DRY's sequence breakers and ignore_eos (Error if they are asked for
+    // without it); it must outlive the sampler. Throws Error for an invalid grammar.
+    explicit Sampler(const SamplerParams& p = {}, const Vocab* vocab = nullptr);
+    ~Sampler();
+    Sampler(Sampler&&) noexcept;
+    Sampler& operator=(Sampler&&) noexcept;
+    // Throws Error when nothing can be sampled (the grammar and logit_bias exclude every token).
     int32_t sample(const float* logits, int n_vocab);
-    void accept(int32_t token);  // record a token (prompt or generated) for the penalties
+    // Records a token (prompt or generated) for the penalties and DRY; accept_grammar advances the
+    // grammar too (generated tokens; prompt tokens are not part of the grammar's text).
+    void accept(int32_t token, bool accept_grammar = true);
     void reset();
+    // The penalty history can be rolled back (speculative decoding): truncate to n accepted tokens.
+    size_t history_size() const { return history_.size(); }
+    void truncate_history(size_t n);
+    bool grammar_accepts_eog() const;  // no grammar, or the grammar's text is complete
     const SamplerParams& params() const { return p_; }
     // Probabilities of the most likely candidates after the last sample (for n_probs).
     std::vector<std::pair<int32_t, float>> top_probs(const float* logits, int n_vocab, int n) const;
 
+    struct Chain;
 private:
     SamplerParams p_;
+    const Vocab* vocab_ = nullptr;
     std::mt19937_64 rng_;
     std::vector<int32_t> history_;
+    float mirostat_mu_ = 0;
+    std::unique_ptr<Chain> chain_;  // grammar state, DRY breakers, token pieces
 };
 
 int physical_core_count();
@@ -699,6 +770,7 @@ void moe_route(const HParams& hp, const float* router_logits, const float* selec
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
@@ -709,6 +781,7 @@ void moe_route(const HParams& hp, const float* router_logits, const float* selec
 #include <functional>
 #include <mutex>
 #include <random>
+#include <set>
 #include <thread>
 #include <type_traits>
 #include <unordered_map>
@@ -9287,66 +9360,1445 @@ MemoryPlan plan_memory(const Model& model, int n_ctx_slot, int n_slots, Type typ
 }
 
 // ============================================================================================
-// 17. Sampling
+// 17. Sampling: llama.cpp's chain (logit bias, penalties, DRY, top-n-sigma, top-k, typical-p,
+//     top-p, min-p, XTC, temperature / dynamic temperature, mirostat v1/v2, a seeded draw) and GBNF
+//     grammars (parser, pushdown matcher, vocabulary masking), as src/llama-sampling.cpp and
+//     src/llama-grammar.cpp behave.
 // ============================================================================================
-// The order follows llama.cpp's default chain: penalties, top-k, top-p, min-p, temperature, draw.
 
-Sampler::Sampler(const SamplerParams& p) : p_(p) { reset(); }
+// ---- Stage names ---------------------------------------------------------------------------
+namespace simpl {
+
+struct StageName { SamplerStage stage; const char* name; char letter; };
+// In llama-server's default order.
+constexpr StageName kStageNames[] = {
+    {SamplerStage::Penalties, "penalties", 'e'}, {SamplerStage::Dry, "dry", 'd'},
+    {SamplerStage::TopNSigma, "top_n_sigma", 's'}, {SamplerStage::TopK, "top_k", 'k'},
+    {SamplerStage::TypicalP, "typ_p", 'y'}, {SamplerStage::TopP, "top_p", 'p'},
+    {SamplerStage::MinP, "min_p", 'm'}, {SamplerStage::Xtc, "xtc", 'x'},
+    {SamplerStage::Temperature, "temperature", 't'},
+};
+struct StageAlias { const char* name; SamplerStage stage; };
+constexpr StageAlias kStageAliases[] = {
+    {"top-k", SamplerStage::TopK}, {"top-p", SamplerStage::TopP}, {"nucleus", SamplerStage::TopP},
+    {"top-n-sigma", SamplerStage::TopNSigma}, {"typical-p", SamplerStage::TypicalP},
+    {"typical", SamplerStage::TypicalP}, {"typ-p", SamplerStage::TypicalP}, {"typ", SamplerStage::TypicalP},
+    {"min-p", SamplerStage::MinP}, {"temp", SamplerStage::Temperature},
+};
+
+} // namespace simpl
+
+const std::vector<SamplerStage>& default_sampler_stages() {
+    static const std::vector<SamplerStage> order = [] {
+        std::vector<SamplerStage> v;
+        for (const auto& s : simpl::kStageNames) v.push_back(s.stage);
+        return v;
+    }();
+    return order;
+}
+
+const char* sampler_stage_name(SamplerStage stage) {
+    for (const auto& s : simpl::kStageNames) if (s.stage == stage) return s.name;
+    return "";
+}
+
+std::vector<SamplerStage> sampler_stages_from_names(const std::vector<std::string>& names) {
+    std::vector<SamplerStage> out;
+    for (const std::string& n : names) {
+        for (const auto& s : simpl::kStageNames) if (n == s.name) out.push_back(s.stage);
+        for (const auto& a : simpl::kStageAliases) if (n == a.name) out.push_back(a.stage);
+    }
+    return out;
+}
+
+std::vector<SamplerStage> sampler_stages_from_chars(const std::string& chars) {
+    std::vector<SamplerStage> out;
+    for (char c : chars)
+        for (const auto& s : simpl::kStageNames) if (c == s.letter) out.push_back(s.stage);
+    return out;
+}
+
+// ---- GBNF grammars -------------------------------------------------------------------------
+// A rule is a flat element list: alternatives separated by Alt, closed by End. A character set is a
+// Char/CharNot/CharAny element followed by CharAlt (another char) and CharRangeUpper (closing a
+// range [prev, value]) elements. Repetitions are rewritten into helper rules while parsing.
+enum class GElemType : uint8_t { End, Alt, RuleRef, Char, CharNot, CharRangeUpper, CharAlt, CharAny };
+struct GElem { GElemType type; uint32_t value; };
+
+struct Grammar::Rules {
+    std::vector<std::vector<GElem>> rules;
+    std::vector<std::string> names;  // of each rule id (generated ones as name_N)
+    std::vector<GElem> start;        // {RuleRef root, End}: the initial stack's element
+};
+
+namespace simpl {
+
+constexpr size_t kGrammarMaxRules = 20000;          // rules, generated ones included
+constexpr size_t kGrammarMaxElements = 1u << 20;    // elements over all rules
+constexpr int kGrammarMaxNesting = 100;             // parenthesized groups inside each other
+constexpr uint32_t kGrammarMaxRepeat = 10000;       // m and n of x{m,n}
+constexpr size_t kGrammarMaxStacks = 4096;          // live parse stacks after one character
+constexpr size_t kGrammarMaxStackDepth = 8192;      // elements on one stack
+constexpr size_t kGrammarMaxSteps = 1u << 18;       // expansions to reach one character position
+
+struct PartialUtf8 { uint32_t value = 0; int n_remain = 0; };  // an unfinished UTF-8 sequence
+
+// One byte of UTF-8: 1 with cp set when a code point completes, 0 when more bytes are needed, -1 for
+// an invalid sequence (a NUL byte included: llama.cpp stops a piece there).
+int utf8_feed(PartialUtf8& st, uint8_t b, uint32_t& cp) {
+    if (b == 0) return -1;
+    if (st.n_remain > 0) {
+        if ((b >> 6) != 2) return -1;
+        st.value = (st.value << 6) | (b & 0x3F);
+        if (--st.n_remain > 0) return 0;
+        cp = st.value;
+        st.value = 0;
+        return 1;
+    }
+    static const int8_t kLen[16] = {1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 2, 2, 3, 4};
+    const int len = kLen[b >> 4];
+    if (len == 0) return -1;
+    if (len == 1) { cp = b; return 1; }
+    st.value = b & ((1u << (8 - len)) - 1);
+    st.n_remain = len - 1;
+    return 0;
+}
+
+int hex_digit(char c) {
+    return std::isdigit((unsigned char)c) ? c - '0' : std::isxdigit((unsigned char)c) ? std::tolower((unsigned char)c) - 'a' + 10 : -1;
+}
+
+bool gbnf_word_char(char c) { return std::isalnum((unsigned char)c) || c == '-' || c == '_'; }
+
+// Recursive-descent parser of llama.cpp's GBNF, writing Grammar::Rules.
+class GbnfParser {
+public:
+    GbnfParser(const std::string& src, Grammar::Rules& out) : src_(src), g_(out) {}
+
+    void parse_all(const std::string& root) {
+        skip_space(true);
+        while (pos_ < src_.size()) parse_rule();
+        g_.rules.resize(g_.names.size());
+        for (size_t i = 0; i < g_.rules.size(); i++)
+            if (g_.rules[i].empty()) throw Error("grammar: undefined rule '" + g_.names[i] + "'");
+        auto it = ids_.find(root);
+        if (it == ids_.end()) throw Error("grammar: there is no '" + root + "' rule");
+        g_.start = {{GElemType::RuleRef, it->second}, {GElemType::End, 0}};
+    }
+
+private:
+    [[noreturn]] void fail(const std::string& what) const {
+        size_t line = 1 + std::count(src_.begin(), src_.begin() + std::min(pos_, src_.size()), '\n');
+        throw Error("grammar: " + what + " (line " + std::to_string(line) + ")");
+    }
+    bool at(char c) const { return pos_ < src_.size() && src_[pos_] == c; }
+
+    // Spaces, tabs and # comments; newlines too where a rule may continue (inside groups, after | and ::=).
+    void skip_space(bool newline_ok) {
+        while (pos_ < src_.size()) {
+            char c = src_[pos_];
+            if (c == ' ' || c == '\t') pos_++;
+            else if (c == '#') while (pos_ < src_.size() && src_[pos_] != '\n' && src_[pos_] != '\r') pos_++;
+            else if (newline_ok && (c == '\n' || c == '\r')) pos_++;
+            else break;
+        }
+    }
+
+    std::string parse_name() {
+        size_t start = pos_;
+        while (pos_ < src_.size() && gbnf_word_char(src_[pos_])) pos_++;
+        if (pos_ == start) fail("expected a rule name");
+        return src_.substr(start, pos_ - start);
+    }
+
+    uint32_t parse_count() {
+        if (pos_ >= src_.size() || !std::isdigit((unsigned char)src_[pos_])) fail("expected a number in {m,n}");
+        uint64_t v = 0;
+        while (pos_ < src_.size() && std::isdigit((unsigned char)src_[pos_])) {
+            v = v * 10 + (src_[pos_++] - '0');
+            if (v > kGrammarMaxRepeat) fail("repetition count above " + std::to_string(kGrammarMaxRepeat));
+        }
+        return (uint32_t)v;
+    }
+
+    uint32_t parse_hex(int digits) {
+        uint32_t v = 0;
+        for (int i = 0; i < digits; i++, pos_++) {
+            const int d = pos_ < src_.size() ? hex_digit(src_[pos_]) : -1;
+            if (d < 0) fail("expected " + std::to_string(digits) + " hex digits");
+            v = v * 16 + d;
+        }
+        return v;
+    }
+
+    // One character of a literal or class: an escape or a UTF-8 sequence.
+    uint32_t parse_char() {
+        if (pos_ >= src_.size()) fail("unexpected end of input");
+        unsigned char c = (unsigned char)src_[pos_++];
+        if (c == '\\') {
+            if (pos_ >= src_.size()) fail("unexpected end of input after '\\'");
+            char e = src_[pos_++];
+            switch (e) {
+                case 'x': return parse_hex(2);
+                case 'u': return parse_hex(4);
+                case 'U': return parse_hex(8);
+                case 't': return '\t';
+                case 'r': return '\r';
+                case 'n': return '\n';
+                case '\\': case '"': case '[': case ']': case '-': case '^': return (uint32_t)e;
+                default: fail(std::string("unknown escape '\\") + e + "'");
+            }
+        }
+        PartialUtf8 partial;
+        uint32_t cp = 0;
+        for (int r = utf8_feed(partial, c, cp); r != 1; r = utf8_feed(partial, (uint8_t)src_[pos_++], cp))
+            if (r < 0 || pos_ >= src_.size()) fail("invalid UTF-8");
+        return cp;
+    }
+
+    uint32_t symbol_id(const std::string& name) {
+        auto it = ids_.find(name);
+        if (it != ids_.end()) return it->second;
+        return ids_[name] = new_symbol(name, false);
+    }
+    uint32_t new_symbol(const std::string& base, bool generated = true) {
+        if (g_.names.size() >= kGrammarMaxRules) fail("more than " + std::to_string(kGrammarMaxRules) + " rules");
+        uint32_t id = (uint32_t)g_.names.size();
+        g_.names.push_back(generated ? base + "_" + std::to_string(id) : base);
+        return id;
+    }
+    void add_rule(uint32_t id, std::vector<GElem> rule) {
+        n_elements_ += rule.size();
+        if (n_elements_ > kGrammarMaxElements) fail("the grammar is too large");
+        if (g_.rules.size() <= id) g_.rules.resize(id + 1);
+        g_.rules[id] = std::move(rule);
+    }
+    void push(std::vector<GElem>& out, GElem e) {
+        if (out.size() + n_elements_ >= kGrammarMaxElements) fail("the grammar is too large");
+        out.push_back(e);
+    }
+
+    void parse_rule() {
+        std::string name = parse_name();
+        skip_space(false);
+        uint32_t id = symbol_id(name);
+        if (src_.compare(pos_, 3, "::=") != 0) fail("expected '::=' after '" + name + "'");
+        pos_ += 3;
+        skip_space(true);
+        parse_alternates(name, id, false);
+        if (at('\r')) pos_ += (pos_ + 1 < src_.size() && src_[pos_ + 1] == '\n') ? 2 : 1;
+        else if (at('\n')) pos_++;
+        else if (pos_ < src_.size()) fail(std::string("unexpected '") + src_[pos_] + "'");
+        skip_space(true);
+    }
+
+    void parse_alternates(const std::string& rule_name, uint32_t id, bool nested) {
+        if (++depth_ > kGrammarMaxNesting) fail("groups nested deeper than " + std::to_string(kGrammarMaxNesting));
+        std::vector<GElem> rule;
+        parse_sequence(rule_name, rule, nested);
+        while (at('|')) {
+            push(rule, {GElemType::Alt, 0});
+            pos_++;
+            skip_space(true);
+            parse_sequence(rule_name, rule, nested);
+        }
+        push(rule, {GElemType::End, 0});
+        add_rule(id, std::move(rule));
+        depth_--;
+    }
+
+    void parse_sequence(const std::string& rule_name, std::vector<GElem>& out, bool nested) {
+        size_t last_sym = out.size();
+        while (pos_ < src_.size()) {
+            char c = src_[pos_];
+            if (c == '"') {
+                pos_++;
+                last_sym = out.size();
+                while (pos_ < src_.size() && src_[pos_] != '"') push(out, {GElemType::Char, parse_char()});
+                if (!at('"')) fail("unterminated string literal");
+                pos_++;
+            } else if (c == '[') {
+                pos_++;
+                last_sym = out.size();
+                GElemType first = GElemType::Char;
+                if (at('^')) { pos_++; first = GElemType::CharNot; }
+                while (pos_ < src_.size() && src_[pos_] != ']') {
+                    push(out, {out.size() == last_sym ? first : GElemType::CharAlt, parse_char()});
+                    if (at('-') && pos_ + 1 < src_.size() && src_[pos_ + 1] != ']') {
+                        pos_++;
+                        push(out, {GElemType::CharRangeUpper, parse_char()});
+                    }
+                }
+                if (!at(']')) fail("unterminated character class");
+                if (out.size() == last_sym) fail("empty character class");
+                pos_++;
+            } else if (gbnf_word_char(c)) {
+                std::string name = parse_name();
+                last_sym = out.size();
+                push(out, {GElemType::RuleRef, symbol_id(name)});
+            } else if (c == '(') {
+                pos_++;
+                skip_space(true);
+                uint32_t sub = new_symbol(rule_name);
+                parse_alternates(rule_name, sub, true);
+                last_sym = out.size();
+                push(out, {GElemType::RuleRef, sub});
+                if (!at(')')) fail("expected ')'");
+                pos_++;
+            } else if (c == '.') {
+                pos_++;
+                last_sym = out.size();
+                push(out, {GElemType::CharAny, 0});
+            } else if (c == '*' || c == '+' || c == '?') {
+                pos_++;
+                repeat(rule_name, out, last_sym, c == '+' ? 1 : 0, c == '?' ? 1 : -1);
+            } else if (c == '{') {
+                pos_++;
+                skip_space(nested);
+                uint32_t lo = parse_count();
+                skip_space(nested);
+                int64_t hi = lo;
+                if (at(',')) {
+                    pos_++;
+                    skip_space(nested);
+                    hi = (pos_ < src_.size() && std::isdigit((unsigned char)src_[pos_])) ? (int64_t)parse_count() : -1;
+                    skip_space(nested);
+                }
+                if (!at('}')) fail("expected '}'");
+                pos_++;
+                if (hi >= 0 && hi < lo) fail("repetition {m,n} with n < m");
+                repeat(rule_name, out, last_sym, lo, hi);
+            } else {
+                break;
+            }
+            skip_space(nested);
+        }
+    }
+
+    // x{m,n} becomes x repeated m times followed by n-m nested optional rules (x{m,}: one recursive
+    // rule), as llama.cpp rewrites it: S{m,n} -> S..S S'(n-m), S'(k) ::= S S'(k-1) | "".
+    void repeat(const std::string& rule_name, std::vector<GElem>& out, size_t last_sym, uint32_t min_times, int64_t max_times) {
+        if (last_sym == out.size()) fail("a repetition operator with nothing before it");
+        const std::vector<GElem> item(out.begin() + last_sym, out.end());
+        if (min_times == 0) out.resize(last_sym);
+        for (uint32_t i = 1; i < min_times; i++) for (const GElem& e : item) push(out, e);
+        const int64_t n_opt = max_times < 0 ? 1 : max_times - min_times;
+        uint32_t last_rule = 0;
+        for (int64_t i = 0; i < n_opt; i++) {
+            std::vector<GElem> rule = item;
+            uint32_t id = new_symbol(rule_name);
+            if (i > 0 || max_times < 0) rule.push_back({GElemType::RuleRef, max_times < 0 ? id : last_rule});
+            rule.push_back({GElemType::Alt, 0});
+            rule.push_back({GElemType::End, 0});
+            add_rule(id, std::move(rule));
+            last_rule = id;
+        }
+        if (n_opt > 0) push(out, {GElemType::RuleRef, last_rule});
+    }
+
+    const std::string& src_;
+    Grammar::Rules& g_;
+    std::map<std::string, uint32_t> ids_;
+    size_t pos_ = 0, n_elements_ = 0;
+    int depth_ = 0;
+};
+
+bool end_of_sequence(const GElem* e) { return e->type == GElemType::End || e->type == GElemType::Alt; }
+
+// Left recursion (a rule reaching itself before consuming a character) would make the matcher loop;
+// it is refused, as llama.cpp does. Rules that may be empty let the search continue past them.
+bool left_recursive(const Grammar::Rules& g, uint32_t id, std::vector<uint8_t>& state, std::vector<uint8_t>& may_be_empty, int depth) {
+    enum : uint8_t { kUnseen, kInProgress, kDone };
+    if (state[id] == kInProgress) return true;
+    if (state[id] == kDone) return false;
+    if (depth > 4000) throw Error("grammar: rules nested too deeply");
+    state[id] = kInProgress;
+    const std::vector<GElem>& rule = g.rules[id];
+    bool at_start = true;
+    for (const GElem& e : rule) {
+        if (end_of_sequence(&e)) {
+            if (at_start) may_be_empty[id] = 1;
+            at_start = true;
+        } else {
+            at_start = false;
+        }
+    }
+    bool leftmost = true;
+    for (const GElem& e : rule) {
+        if (e.type == GElemType::RuleRef && leftmost) {
+            if (left_recursive(g, e.value, state, may_be_empty, depth + 1)) return true;
+            leftmost = may_be_empty[e.value];
+        } else {
+            leftmost = end_of_sequence(&e);
+        }
+    }
+    state[id] = kDone;
+    return false;
+}
+
+using GStack = std::vector<const GElem*>;
+
+} // namespace simpl
+
+// The matcher's state: the pushdown stacks (top at the back, each on a character element; an empty
+// stack means the text so far is a complete sentence) and the bytes of an unfinished UTF-8 sequence.
+struct Grammar::State {
+    std::vector<simpl::GStack> stacks;
+    simpl::PartialUtf8 partial;
+};
+
+namespace simpl {
+
+// Expands rule references at the stack's top until every resulting stack tops a character element
+// (or is empty), adding the new ones to out.
+void advance_stack(const Grammar::Rules& g, GStack stack, std::vector<GStack>& out) {
+    std::vector<GStack> todo{std::move(stack)};
+    std::set<GStack> seen;
+    size_t steps = 0;
+    while (!todo.empty()) {
+        GStack s = std::move(todo.back());
+        todo.pop_back();
+        if (!seen.insert(s).second) continue;
+        if (++steps > kGrammarMaxSteps || s.size() > kGrammarMaxStackDepth)
+            throw Error("grammar: too many parse states (the grammar is too ambiguous or nested too deeply)");
+        if (s.empty() || s.back()->type != GElemType::RuleRef) {
+            if (std::find(out.begin(), out.end(), s) != out.end()) continue;
+            if (out.size() >= kGrammarMaxStacks) throw Error("grammar: too many parse states (the grammar is too ambiguous)");
+            out.push_back(std::move(s));
+            continue;
+        }
+        const GElem* ref = s.back();
+        const GElem* alt = g.rules[ref->value].data();
+        for (;;) {
+            GStack next(s.begin(), s.end() - 1);
+            if (!end_of_sequence(ref + 1)) next.push_back(ref + 1);
+            if (!end_of_sequence(alt)) next.push_back(alt);
+            todo.push_back(std::move(next));
+            while (!end_of_sequence(alt)) alt++;
+            if (alt->type != GElemType::Alt) break;
+            alt++;
+        }
+    }
+}
+
+// Whether the character set at pos admits cp, and the element after the set.
+std::pair<bool, const GElem*> match_char(const GElem* pos, uint32_t cp) {
+    const bool positive = pos->type == GElemType::Char || pos->type == GElemType::CharAny;
+    bool found = false;
+    do {
+        if (pos[1].type == GElemType::CharRangeUpper) {
+            found = found || (pos->value <= cp && cp <= pos[1].value);
+            pos += 2;
+        } else if (pos->type == GElemType::CharAny) {
+            found = true;
+            pos += 1;
+        } else {
+            found = found || pos->value == cp;
+            pos += 1;
+        }
+    } while (pos->type == GElemType::CharAlt);
+    return {found == positive, pos};
+}
+
+// Whether some code point starting with the partial UTF-8 bytes could match the set at pos.
+bool match_partial_char(const GElem* pos, PartialUtf8 partial) {
+    const bool positive = pos->type == GElemType::Char || pos->type == GElemType::CharAny;
+    if (partial.n_remain < 0 || (partial.n_remain == 1 && partial.value < 2)) return false;  // overlong
+    uint32_t low = partial.value << (partial.n_remain * 6);
+    uint32_t high = low | ((1u << (partial.n_remain * 6)) - 1);
+    if (low == 0) low = partial.n_remain == 2 ? 1u << 11 : partial.n_remain == 3 ? 1u << 16 : low;
+    do {
+        if (pos[1].type == GElemType::CharRangeUpper) {
+            if (pos->value <= high && low <= pos[1].value) return positive;
+            pos += 2;
+        } else if (pos->type == GElemType::CharAny) {
+            return true;
+        } else {
+            if (low <= pos->value && pos->value <= high) return positive;
+            pos += 1;
+        }
+    } while (pos->type == GElemType::CharAlt);
+    return !positive;
+}
+
+// The stacks after one more character (empty: the grammar rejects it).
+std::vector<GStack> accept_char(const Grammar::Rules& g, const std::vector<GStack>& stacks, uint32_t cp) {
+    std::vector<GStack> next;
+    for (const GStack& s : stacks) {
+        if (s.empty()) continue;
+        auto [ok, after] = match_char(s.back(), cp);
+        if (!ok) continue;
+        GStack t(s.begin(), s.end() - 1);
+        if (!end_of_sequence(after)) t.push_back(after);
+        advance_stack(g, std::move(t), next);
+    }
+    return next;
+}
+
+bool partial_can_continue(const std::vector<GStack>& stacks, PartialUtf8 partial) {
+    if (partial.n_remain == 0) return true;
+    for (const GStack& s : stacks) if (!s.empty() && match_partial_char(s.back(), partial)) return true;
+    return false;
+}
+
+// Feeds the bytes of text into the state; false (state then unspecified) when the grammar rejects them.
+bool feed_text(const Grammar::Rules& g, Grammar::State& st, const std::string& text) {
+    for (unsigned char b : text) {
+        uint32_t cp = 0;
+        int r = utf8_feed(st.partial, b, cp);
+        if (r < 0) return false;
+        if (r == 1) {
+            st.stacks = accept_char(g, st.stacks, cp);
+            if (st.stacks.empty()) return false;
+        }
+    }
+    return partial_can_continue(st.stacks, st.partial);
+}
+
+bool grammar_complete(const Grammar::State& st) {
+    if (st.partial.n_remain != 0) return false;
+    for (const GStack& s : st.stacks) if (s.empty()) return true;
+    return false;
+}
+
+Grammar::State grammar_initial_state(const Grammar::Rules& g) {
+    Grammar::State st;
+    advance_stack(g, GStack{g.start.data()}, st.stacks);
+    return st;
+}
+
+// Marks allowed[token] for the tokens (sorted by piece, [lo, hi) sharing their first depth bytes)
+// whose pieces continue the grammar: a walk of the implicit trie of pieces, so that a prefix shared
+// by many tokens is matched once and a rejected prefix prunes all tokens under it.
+void mask_walk(const Grammar::Rules& g, const std::vector<std::string>& pieces, const std::vector<int32_t>& order,
+               size_t lo, size_t hi, size_t depth, const std::vector<GStack>& stacks, PartialUtf8 partial,
+               std::vector<uint8_t>& allowed) {
+    for (; lo < hi && pieces[order[lo]].size() == depth; lo++)
+        allowed[order[lo]] = partial_can_continue(stacks, partial);
+    while (lo < hi) {
+        const uint8_t b = (uint8_t)pieces[order[lo]][depth];
+        size_t end = lo + 1;
+        while (end < hi && (uint8_t)pieces[order[end]][depth] == b) end++;
+        PartialUtf8 next_partial = partial;
+        uint32_t cp = 0;
+        const int r = utf8_feed(next_partial, b, cp);
+        if (r == 0) {
+            mask_walk(g, pieces, order, lo, end, depth + 1, stacks, next_partial, allowed);
+        } else if (r == 1) {
+            std::vector<GStack> next = accept_char(g, stacks, cp);
+            if (!next.empty()) mask_walk(g, pieces, order, lo, end, depth + 1, next, next_partial, allowed);
+        }
+        lo = end;
+    }
+}
+
+} // namespace simpl
+
+Grammar::Grammar(const std::string& gbnf, const std::string& root) {
+    auto rules = std::make_shared<Rules>();
+    simpl::GbnfParser(gbnf, *rules).parse_all(root);
+    std::vector<uint8_t> state(rules->rules.size(), 0), may_be_empty(rules->rules.size(), 0);
+    for (uint32_t i = 0; i < rules->rules.size(); i++)
+        if (simpl::left_recursive(*rules, i, state, may_be_empty, 0))
+            throw Error("grammar: left recursion in rule '" + rules->names[i] + "' (not supported)");
+    rules_ = std::move(rules);
+}
+
+size_t Grammar::rule_count() const { return rules_->rules.size(); }
+
+bool Grammar::matches(const std::string& text) const {
+    State st = simpl::grammar_initial_state(*rules_);
+    return simpl::feed_text(*rules_, st, text) && simpl::grammar_complete(st);
+}
+
+// ---- The sampling chain --------------------------------------------------------------------
+namespace simpl {
+
+struct Candidate { int32_t id; float logit; float p; };
+
+// The candidates the stages narrow down. sorted: by logit, descending, ties by id; by_id: the whole
+// vocabulary in id order (c[i].id == i), so per-token adjustments can index it directly.
+struct Candidates {
+    std::vector<Candidate> c;
+    bool sorted = false, by_id = true;
+};
+
+bool logit_greater(const Candidate& a, const Candidate& b) { return a.logit > b.logit || (a.logit == b.logit && a.id < b.id); }
+
+void sort_candidates(Candidates& cs) {
+    if (!cs.sorted) std::sort(cs.c.begin(), cs.c.end(), logit_greater);
+    cs.sorted = true;
+    cs.by_id = false;
+}
+
+void keep_first(Candidates& cs, size_t n) {
+    if (n < cs.c.size()) { cs.c.resize(n); cs.by_id = false; }
+}
+
+// Sorts and sets p to the softmax of the logits (llama_sampler_softmax_impl).
+void softmax(Candidates& cs) {
+    sort_candidates(cs);
+    const float max_logit = cs.c[0].logit;
+    double sum = 0;
+    for (Candidate& x : cs.c) sum += (x.p = std::exp(x.logit - max_logit));
+    for (Candidate& x : cs.c) x.p = (float)(x.p / sum);
+}
+
+// Applies fn(candidate, value) to the candidates whose ids are keys of per_token.
+template <class Map, class Fn>
+void for_listed(Candidates& cs, const Map& per_token, Fn fn) {
+    if (per_token.empty()) return;
+    if (cs.by_id) {
+        for (const auto& [id, v] : per_token)
+            if (id >= 0 && (size_t)id < cs.c.size()) fn(cs.c[id], v);
+        return;
+    }
+    for (Candidate& x : cs.c) {
+        auto it = per_token.find(x.id);
+        if (it != per_token.end()) fn(x, it->second);
+    }
+    cs.sorted = false;
+}
+
+std::vector<int32_t> last_n(const std::vector<int32_t>& history, int n) {
+    const size_t window = n < 0 ? history.size() : std::min(history.size(), (size_t)n);
+    return std::vector<int32_t>(history.end() - window, history.end());
+}
+
+void apply_penalties(Candidates& cs, const SamplerParams& p, const std::vector<int32_t>& history) {
+    if (p.penalty_last_n == 0 || (p.repeat_penalty == 1.0f && p.frequency_penalty == 0.0f && p.presence_penalty == 0.0f)) return;
+    std::unordered_map<int32_t, int> count;
+    for (int32_t t : last_n(history, p.penalty_last_n)) count[t]++;
+    for_listed(cs, count, [&](Candidate& x, int n) {
+        x.logit = x.logit <= 0 ? x.logit * p.repeat_penalty : x.logit / p.repeat_penalty;
+        x.logit -= n * p.frequency_penalty + p.presence_penalty;
+    });
+    cs.sorted = false;
+}
+
+// DRY's breakers: token -> the tokens that must follow it to complete a breaker (empty: the token
+// alone contains one), as llama.cpp's get_overlapping_token_sequences.
+using DryBreakers = std::unordered_multimap<int32_t, std::vector<int32_t>>;
+
+DryBreakers dry_breakers(const Vocab& vocab, const std::vector<std::string>& breakers) {
+    constexpr size_t kMaxBreakerChars = 40, kMaxTailTokens = 20;
+    DryBreakers out;
+    for (std::string br : breakers) {
+        if (br.empty()) continue;
+        if (br.size() > kMaxBreakerChars) br.resize(kMaxBreakerChars);
+        for (int32_t id = 0; id < vocab.n_tokens(); id++) {
+            const std::string word = vocab.token_to_piece(id, true);
+            if (word.find(br) != std::string::npos) { out.emplace(id, std::vector<int32_t>()); continue; }
+            for (size_t pos = word.find(br[0]); pos != std::string::npos; pos = word.find(br[0], pos + 1)) {
+                const size_t overlap = word.size() - pos;  // the word ends with br's first `overlap` bytes?
+                if (overlap >= br.size() || word.compare(pos, overlap, br, 0, overlap) != 0) continue;
+                std::vector<int32_t> tail = vocab.tokenize(br.substr(overlap), false, false);
+                if (tail.size() > kMaxTailTokens) tail.resize(kMaxTailTokens);
+                auto range = out.equal_range(id);
+                bool dup = false;
+                for (auto it = range.first; it != range.second; ++it) dup = dup || it->second == tail;
+                if (!dup) out.emplace(id, std::move(tail));
+            }
+        }
+    }
+    return out;
+}
+
+// How far back (in tokens from the end) a repeat may reach: up to the most recent sequence breaker.
+int dry_repeat_limit(const std::vector<int32_t>& recent, const DryBreakers& breakers) {
+    const int n = (int)recent.size();
+    auto from_end = [&](int i) { return recent[n - 1 - i]; };
+    for (int i = 0; i < n; i++) {
+        auto range = breakers.equal_range(from_end(i));
+        int longest = -1;
+        for (auto it = range.first; it != range.second; ++it) {
+            const int len = (int)it->second.size();
+            if (len <= longest || len > i) continue;
+            bool match = true;
+            for (int k = 0; k < len && match; k++) match = it->second[k] == from_end(i - k - 1);
+            if (match) longest = len;
+        }
+        if (longest >= 0) return i - longest;
+    }
+    return n;
+}
+
+// DRY: for every earlier occurrence of the text's current suffix (found with the Z-function of the
+// reversed window), the token that followed it is penalized by the repeat's length.
+void apply_dry(Candidates& cs, const SamplerParams& p, const std::vector<int32_t>& history, const DryBreakers& breakers) {
+    if (p.dry_multiplier == 0.0f || p.dry_base < 1.0f || p.dry_penalty_last_n == 0) return;
+    const std::vector<int32_t> recent = last_n(history, p.dry_penalty_last_n);
+    const int n = (int)recent.size();
+    if (n <= p.dry_allowed_length) return;
+    const int limit = dry_repeat_limit(recent, breakers);
+    if (limit < p.dry_allowed_length) return;
+    std::vector<int32_t> rev(recent.rbegin(), recent.rend());
+    std::vector<int> z(n, 0);  // z[k]: longest common prefix of rev and rev[k..]
+    for (int k = 1, l = 0, r = 0; k < n; k++) {
+        if (k < r) z[k] = std::min(r - k, z[k - l]);
+        while (k + z[k] < n && rev[z[k]] == rev[k + z[k]]) z[k]++;
+        if (k + z[k] > r) { l = k; r = k + z[k]; }
+    }
+    std::unordered_map<int32_t, int> max_repeat;
+    for (int k = 1; k < n; k++) {
+        const int len = std::min(z[k], limit);
+        if (len < p.dry_allowed_length) continue;
+        int& m = max_repeat[rev[k - 1]];
+        m = std::max(m, len);
+    }
+    const int max_exponent = p.dry_base > 1.000001f ? (int)(88.7228391f / std::log(p.dry_base)) : 0;
+    for_listed(cs, max_repeat, [&](Candidate& x, int len) {
+        int e = len - p.dry_allowed_length;
+        if (max_exponent > 0 && e > max_exponent) e = max_exponent;
+        x.logit -= p.dry_multiplier * std::pow(p.dry_base, (float)e);
+    });
+    cs.sorted = false;
+}
+
+void apply_top_k(Candidates& cs, int k) {
+    if (k <= 0 || (size_t)k >= cs.c.size()) return;
+    if (!cs.sorted) std::partial_sort(cs.c.begin(), cs.c.begin() + k, cs.c.end(), logit_greater);
+    cs.c.resize(k);
+    cs.sorted = true;
+    cs.by_id = false;
+}
+
+void apply_top_p(Candidates& cs, float top_p, size_t min_keep) {
+    if (top_p >= 1.0f) return;
+    softmax(cs);
+    double cum = 0;
+    for (size_t i = 0; i < cs.c.size(); i++) {
+        cum += cs.c[i].p;
+        if (cum >= top_p && i + 1 >= min_keep) return keep_first(cs, i + 1);
+    }
+}
+
+void apply_min_p(Candidates& cs, float min_p, size_t min_keep) {
+    if (min_p <= 0.0f) return;
+    sort_candidates(cs);
+    const float min_logit = cs.c[0].logit + std::log(min_p);
+    size_t i = 1;
+    while (i < cs.c.size() && (cs.c[i].logit >= min_logit || i < min_keep)) i++;
+    keep_first(cs, i);
+}
+
+// Locally typical sampling: keeps the tokens whose surprise is closest to the entropy, up to mass p.
+void apply_typical(Candidates& cs, float typical_p, size_t min_keep) {
+    if (typical_p >= 1.0f) return;
+    softmax(cs);
+    double entropy = 0;
+    for (const Candidate& x : cs.c) if (x.p > 0) entropy -= x.p * std::log(x.p);
+    std::vector<std::pair<double, size_t>> shifted;  // |surprise - entropy|, index
+    for (size_t i = 0; i < cs.c.size(); i++) shifted.emplace_back(std::fabs(-std::log(cs.c[i].p) - entropy), i);
+    std::stable_sort(shifted.begin(), shifted.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+    size_t keep = shifted.size();
+    double cum = 0;
+    for (size_t i = 0; i < shifted.size(); i++) {
+        cum += cs.c[shifted[i].second].p;
+        if (cum > typical_p && (min_keep == 0 || i + 1 >= min_keep)) { keep = i + 1; break; }
+    }
+    std::vector<Candidate> kept;
+    for (size_t i = 0; i < keep; i++) kept.push_back(cs.c[shifted[i].second]);
+    cs.c = std::move(kept);
+    cs.sorted = false;
+    cs.by_id = false;
+}
+
+// Top-n-sigma: drops logits more than n standard deviations below the best.
+void apply_top_n_sigma(Candidates& cs, float n) {
+    if (n <= 0.0f || cs.c.size() <= 1) return;
+    double sum = 0, max_logit = cs.c[0].logit;
+    for (const Candidate& x : cs.c) { sum += x.logit; max_logit = std::max(max_logit, (double)x.logit); }
+    const double mean = sum / cs.c.size();
+    double acc = 0;
+    for (const Candidate& x : cs.c) acc += (x.logit - mean) * (x.logit - mean);
+    const double cut = max_logit - n * std::sqrt(acc / cs.c.size());
+    sort_candidates(cs);
+    size_t keep = 0;
+    while (keep < cs.c.size() && cs.c[keep].logit >= cut) keep++;
+    keep_first(cs, std::max<size_t>(keep, 1));
+}
+
+// XTC: with the given probability, removes every token at or above the threshold except the least
+// likely of them.
+void apply_xtc(Candidates& cs, float probability, float threshold, size_t min_keep, std::mt19937_64& rng) {
+    if (probability <= 0.0f || threshold > 0.5f || cs.c.size() < 2) return;
+    if (std::uniform_real_distribution<float>(0.0f, 1.0f)(rng) > probability) return;
+    softmax(cs);
+    size_t last = 0;
+    while (last + 1 < cs.c.size() && cs.c[last + 1].p >= threshold) last++;
+    if (last > 0 && cs.c.size() - last >= min_keep) {
+        cs.c.erase(cs.c.begin(), cs.c.begin() + last);
+        cs.by_id = false;
+    }
+}
+
+// Temperature; t <= 0 keeps only the best token (greedy).
+void apply_temperature(Candidates& cs, float t) {
+    if (t <= 0.0f) {
+        Candidate best = *std::min_element(cs.c.begin(), cs.c.end(), logit_greater);
+        cs.c.assign(1, best);
+        cs.sorted = true;
+        cs.by_id = false;
+        return;
+    }
+    for (Candidate& x : cs.c) x.logit /= t;
+}
+
+// Dynamic temperature: t +- range, scaled by the normalized entropy raised to exponent.
+void apply_dynatemp(Candidates& cs, float t, float range, float exponent) {
+    if (range <= 0.0f) return apply_temperature(cs, t);
+    if (cs.c.size() <= 1) return;
+    const float min_t = std::max(0.0f, t - range), max_t = t + range;
+    softmax(cs);
+    double entropy = 0;
+    for (const Candidate& x : cs.c) if (x.p > 0) entropy -= x.p * std::log(x.p);
+    const double normalized = entropy / std::log((double)cs.c.size());
+    apply_temperature(cs, (float)(min_t + (max_t - min_t) * std::pow(normalized, exponent)));
+}
+
+size_t draw_index(const Candidates& cs, std::mt19937_64& rng) {
+    std::vector<double> w(cs.c.size());
+    for (size_t i = 0; i < w.size(); i++) w[i] = cs.c[i].p;
+    return std::discrete_distribution<size_t>(w.begin(), w.end())(rng);
+}
+
+// Mirostat v1 (Basu et al.): estimates the Zipf exponent from the top 100 tokens, picks k for the
+// target surprise mu, and moves mu toward tau.
+int32_t mirostat_v1(Candidates& cs, float tau, float eta, float& mu, int n_vocab, std::mt19937_64& rng) {
+    softmax(cs);
+    double sum_ti_bi = 0, sum_ti_sq = 0;
+    for (size_t i = 0; i + 1 < cs.c.size() && i < 99; i++) {
+        const double t_i = std::log((i + 2.0) / (i + 1.0)), b_i = std::log((double)cs.c[i].p / cs.c[i + 1].p);
+        sum_ti_bi += t_i * b_i;
+        sum_ti_sq += t_i * t_i;
+    }
+    const double s_hat = sum_ti_sq > 0 ? sum_ti_bi / sum_ti_sq : 1.0, eps = s_hat - 1;
+    const double k = std::pow(eps * std::pow(2.0, mu) / (1 - std::pow((double)n_vocab, -eps)), 1 / s_hat);
+    apply_top_k(cs, std::isfinite(k) ? std::max(1, (int)std::min(k, 1e9)) : 1);
+    softmax(cs);
+    const size_t i = draw_index(cs, rng);
+    mu -= eta * (float)(-std::log2(cs.c[i].p) - tau);
+    return cs.c[i].id;
+}
+
+// Mirostat v2: keeps the tokens whose surprise is at most mu, draws, and moves mu toward tau.
+int32_t mirostat_v2(Candidates& cs, float tau, float eta, float& mu, std::mt19937_64& rng) {
+    softmax(cs);
+    size_t keep = 0;
+    while (keep < cs.c.size() && -std::log2(cs.c[keep].p) <= mu) keep++;
+    keep_first(cs, std::max<size_t>(keep, 1));
+    softmax(cs);
+    const size_t i = draw_index(cs, rng);
+    mu -= eta * (float)(-std::log2(cs.c[i].p) - tau);
+    return cs.c[i].id;
+}
+
+} // namespace simpl
+
+// What a sampler keeps besides its parameters: the token biases (logit_bias and ignore_eos), DRY's
+// breakers, and the grammar with the vocabulary's pieces sorted for the masking walk.
+struct Sampler::Chain {
+    std::unordered_map<int32_t, float> bias;
+    simpl::DryBreakers dry_breakers;
+    std::shared_ptr<const Grammar::Rules> grammar;
+    Grammar::State grammar_state;
+    std::vector<std::string> pieces;  // token_to_piece(id, true)
+    std::vector<int32_t> by_piece;    // non-empty, non-EOG pieces' tokens, sorted by piece
+    simpl::Candidates cands;
+};
+
+Sampler::Sampler(const SamplerParams& p, const Vocab* vocab) : p_(p), vocab_(vocab), chain_(std::make_unique<Chain>()) {
+    const bool needs_vocab = !p_.grammar.empty() || p_.ignore_eos || (p_.dry_multiplier != 0.0f && !p_.dry_sequence_breakers.empty());
+    if (needs_vocab && !vocab_) throw Error("sampler: grammar, ignore_eos and DRY need the model's vocabulary");
+    for (auto [id, b] : p_.logit_bias) chain_->bias[id] += b;
+    if (p_.ignore_eos) for (int32_t id : vocab_->eog_ids()) chain_->bias[id] = -INFINITY;
+    if (p_.dry_multiplier != 0.0f && vocab_) chain_->dry_breakers = simpl::dry_breakers(*vocab_, p_.dry_sequence_breakers);
+    if (!p_.grammar.empty()) {
+        chain_->grammar = Grammar(p_.grammar).rules();
+        for (int32_t id = 0; id < vocab_->n_tokens(); id++) {
+            chain_->pieces.push_back(vocab_->token_to_piece(id, true));
+            if (!chain_->pieces.back().empty() && !vocab_->is_eog(id)) chain_->by_piece.push_back(id);
+        }
+        std::sort(chain_->by_piece.begin(), chain_->by_piece.end(),
+                  [&](int32_t a, int32_t b) { return chain_->pieces[a] < chain_->pieces[b]; });
+    }
+    reset();
+}
+
+Sampler::~Sampler() = default;
+Sampler::Sampler(Sampler&&) noexcept = default;
+Sampler& Sampler::operator=(Sampler&&) noexcept = default;
 
 void Sampler::reset() {
     history_.clear();
     rng_.seed(p_.seed == 0xFFFFFFFF ? std::random_device{}() : p_.seed);
+    mirostat_mu_ = 2 * p_.mirostat_tau;
+    if (chain_->grammar) chain_->grammar_state = simpl::grammar_initial_state(*chain_->grammar);
 }
 
-void Sampler::accept(int32_t token) {
+void Sampler::truncate_history(size_t n) {
+    if (n < history_.size()) history_.resize(n);
+}
+
+bool Sampler::grammar_accepts_eog() const {
+    if (!chain_->grammar) return true;
+    for (const auto& s : chain_->grammar_state.stacks) if (s.empty()) return true;
+    return false;
+}
+
+void Sampler::accept(int32_t token, bool accept_grammar) {
     history_.push_back(token);
-    if (history_.size() > 4096) history_.erase(history_.begin(), history_.begin() + 2048);
+    if (!chain_->grammar || !accept_grammar || vocab_->is_eog(token)) return;
+    if (token < 0 || (size_t)token >= chain_->pieces.size() ||
+        !simpl::feed_text(*chain_->grammar, chain_->grammar_state, chain_->pieces[token]))
+        throw Error("grammar: token " + std::to_string(token) + " does not continue the grammar");
+}
+
+// Whether the grammar lets token come next.
+static bool grammar_allows(const Sampler::Chain& ch, const Vocab& vocab, int32_t token, bool eog_ok) {
+    if (vocab.is_eog(token)) return eog_ok;
+    if (token < 0 || (size_t)token >= ch.pieces.size() || ch.pieces[token].empty()) return false;
+    Grammar::State st = ch.grammar_state;
+    return simpl::feed_text(*ch.grammar, st, ch.pieces[token]);
 }
 
 int32_t Sampler::sample(const float* logits, int n_vocab) {
-    struct Cand { int32_t id; float logit; };
-    std::vector<Cand> c(n_vocab);
-    for (int i = 0; i < n_vocab; i++) c[i] = {i, logits[i]};
-    // Penalties over the last penalty_last_n accepted tokens.
-    size_t window = p_.penalty_last_n < 0 ? history_.size() : std::min(history_.size(), (size_t)p_.penalty_last_n);
-    if (window > 0 && (p_.repeat_penalty != 1.0f || p_.frequency_penalty != 0.0f || p_.presence_penalty != 0.0f)) {
-        std::unordered_map<int32_t, int> count;
-        for (size_t i = history_.size() - window; i < history_.size(); i++) count[history_[i]]++;
-        for (auto [id, cnt] : count) {
-            if (id < 0 || id >= n_vocab) continue;
-            float& l = c[id].logit;
-            l = l <= 0 ? l * p_.repeat_penalty : l / p_.repeat_penalty;
-            l -= cnt * p_.frequency_penalty + p_.presence_penalty;
+    Chain& ch = *chain_;
+    simpl::Candidates& cs = ch.cands;
+    // The logits with the biases, -inf (banned) tokens left out.
+    auto load = [&](const std::vector<uint8_t>* allowed) {
+        cs.c.resize(n_vocab);
+        for (int i = 0; i < n_vocab; i++) cs.c[i] = {i, logits[i], 0.0f};
+        cs.sorted = false;
+        cs.by_id = true;
+        simpl::for_listed(cs, ch.bias, [](simpl::Candidate& x, float b) { x.logit += b; });
+        cs.sorted = false;
+        auto banned = [&](const simpl::Candidate& x) { return x.logit == -INFINITY || (allowed && !(*allowed)[x.id]); };
+        if (std::any_of(cs.c.begin(), cs.c.end(), banned)) {
+            cs.c.erase(std::remove_if(cs.c.begin(), cs.c.end(), banned), cs.c.end());
+            cs.by_id = false;
+        }
+        if (cs.c.empty()) throw Error("sampling: no token is allowed (logit_bias, ignore_eos or the grammar exclude all)");
+    };
+    auto run = [&]() -> int32_t {
+        using simpl::Candidates;
+        if (p_.mirostat == 1 || p_.mirostat == 2) {
+            simpl::apply_temperature(cs, p_.temperature);
+            return p_.mirostat == 1 ? simpl::mirostat_v1(cs, p_.mirostat_tau, p_.mirostat_eta, mirostat_mu_, n_vocab, rng_)
+                                    : simpl::mirostat_v2(cs, p_.mirostat_tau, p_.mirostat_eta, mirostat_mu_, rng_);
+        }
+        const size_t min_keep = (size_t)std::max(0, p_.min_keep);
+        for (SamplerStage stage : p_.samplers) {
+            switch (stage) {
+                case SamplerStage::Penalties: simpl::apply_penalties(cs, p_, history_); break;
+                case SamplerStage::Dry: simpl::apply_dry(cs, p_, history_, ch.dry_breakers); break;
+                case SamplerStage::TopNSigma: simpl::apply_top_n_sigma(cs, p_.top_n_sigma); break;
+                case SamplerStage::TopK: simpl::apply_top_k(cs, p_.top_k); break;
+                case SamplerStage::TypicalP: simpl::apply_typical(cs, p_.typical_p, min_keep); break;
+                case SamplerStage::TopP: simpl::apply_top_p(cs, p_.top_p, min_keep); break;
+                case SamplerStage::MinP: simpl::apply_min_p(cs, p_.min_p, min_keep); break;
+                case SamplerStage::Xtc: simpl::apply_xtc(cs, p_.xtc_probability, p_.xtc_threshold, min_keep, rng_); break;
+                case SamplerStage::Temperature: simpl::apply_dynatemp(cs, p_.temperature, p_.dynatemp_range, p_.dynatemp_exponent); break;
+            }
+        }
+        simpl::softmax(cs);
+        return cs.c[simpl::draw_index(cs, rng_)].id;
+    };
+    load(nullptr);
+    const int32_t token = run();
+    if (!ch.grammar) return token;
+    const bool eog_ok = grammar_accepts_eog();
+    if (grammar_allows(ch, *vocab_, token, eog_ok)) return token;
+    // Rejected: mask the whole vocabulary by the grammar and run the chain again.
+    std::vector<uint8_t> allowed(std::max((size_t)n_vocab, ch.pieces.size()), 0);
+    simpl::mask_walk(*ch.grammar, ch.pieces, ch.by_piece, 0, ch.by_piece.size(), 0, ch.grammar_state.stacks,
+                     ch.grammar_state.partial, allowed);
+    if (eog_ok) for (int32_t id : vocab_->eog_ids()) if (id < n_vocab) allowed[id] = 1;
+    load(&allowed);
+    return run();
+}
+
+// ---- JSON schema to grammar ----------------------------------------------------------------
+namespace simpl {
+
+// A parsed JSON value, objects in document order (the grammar keeps the schema's property order).
+struct JsonValue {
+    enum Kind { Null, Bool, Number, String, Array, Object } kind = Null;
+    bool boolean = false;
+    std::string text;  // a string's value, or a number's literal as written
+    std::vector<JsonValue> items;
+    std::vector<std::pair<std::string, JsonValue>> members;
+    const JsonValue* get(const std::string& key) const {
+        for (const auto& [k, v] : members) if (k == key) return &v;
+        return nullptr;
+    }
+};
+
+// Strict JSON (RFC 8259) with bounded nesting.
+class JsonReader {
+public:
+    explicit JsonReader(const std::string& s) : s_(s) {}
+    JsonValue read_document() {
+        JsonValue v = read(0);
+        skip_ws();
+        if (pos_ != s_.size()) fail("trailing characters");
+        return v;
+    }
+
+private:
+    [[noreturn]] void fail(const std::string& what) const {
+        throw Error("json_schema: invalid JSON (" + what + " at offset " + std::to_string(pos_) + ")");
+    }
+    void skip_ws() { while (pos_ < s_.size() && std::strchr(" \t\r\n", s_[pos_]) && s_[pos_]) pos_++; }
+    bool eat(char c) {
+        skip_ws();
+        if (pos_ < s_.size() && s_[pos_] == c) { pos_++; return true; }
+        return false;
+    }
+    void expect(char c) { if (!eat(c)) fail(std::string("expected '") + c + "'"); }
+    void literal(const char* word) {
+        if (s_.compare(pos_, std::strlen(word), word) != 0) fail("unexpected token");
+        pos_ += std::strlen(word);
+    }
+    static void put_utf8(std::string& out, uint32_t cp) {
+        if (cp < 0x80) { out += (char)cp; return; }
+        if (cp < 0x800) { out += (char)(0xC0 | (cp >> 6)); }
+        else {
+            if (cp < 0x10000) { out += (char)(0xE0 | (cp >> 12)); }
+            else { out += (char)(0xF0 | (cp >> 18)); out += (char)(0x80 | ((cp >> 12) & 0x3F)); }
+            out += (char)(0x80 | ((cp >> 6) & 0x3F));
+        }
+        out += (char)(0x80 | (cp & 0x3F));
+    }
+    uint32_t hex4() {
+        if (pos_ + 4 > s_.size()) fail("bad \\u escape");
+        uint32_t v = 0;
+        for (int i = 0; i < 4; i++) {
+            const int d = hex_digit(s_[pos_++]);
+            if (d < 0) fail("bad \\u escape");
+            v = v * 16 + d;
+        }
+        return v;
+    }
+    std::string read_string() {
+        expect('"');
+        std::string out;
+        while (pos_ < s_.size() && s_[pos_] != '"') {
+            char c = s_[pos_++];
+            if ((unsigned char)c < 0x20) fail("control character in string");
+            if (c != '\\') { out += c; continue; }
+            if (pos_ >= s_.size()) fail("unterminated string");
+            char e = s_[pos_++];
+            switch (e) {
+                case '"': case '\\': case '/': out += e; break;
+                case 'b': out += '\b'; break;
+                case 'f': out += '\f'; break;
+                case 'n': out += '\n'; break;
+                case 'r': out += '\r'; break;
+                case 't': out += '\t'; break;
+                case 'u': {
+                    uint32_t cp = hex4();
+                    if (cp >= 0xD800 && cp < 0xDC00 && s_.compare(pos_, 2, "\\u") == 0) {
+                        pos_ += 2;
+                        uint32_t lo = hex4();
+                        if (lo < 0xDC00 || lo > 0xDFFF) fail("bad surrogate pair");
+                        cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
+                    }
+                    put_utf8(out, cp);
+                    break;
+                }
+                default: fail("bad escape");
+            }
+        }
+        if (pos_ >= s_.size()) fail("unterminated string");
+        pos_++;
+        return out;
+    }
+    JsonValue read(int depth) {
+        if (depth > 64) fail("nesting deeper than 64");
+        skip_ws();
+        if (pos_ >= s_.size()) fail("unexpected end");
+        JsonValue v;
+        const char c = s_[pos_];
+        if (c == '{') {
+            v.kind = JsonValue::Object;
+            pos_++;
+            if (eat('}')) return v;
+            do {
+                skip_ws();
+                std::string key = read_string();
+                expect(':');
+                v.members.emplace_back(std::move(key), read(depth + 1));
+            } while (eat(','));
+            expect('}');
+        } else if (c == '[') {
+            v.kind = JsonValue::Array;
+            pos_++;
+            if (eat(']')) return v;
+            do v.items.push_back(read(depth + 1)); while (eat(','));
+            expect(']');
+        } else if (c == '"') {
+            v.kind = JsonValue::String;
+            v.text = read_string();
+        } else if (c == 't' || c == 'f') {
+            v.kind = JsonValue::Bool;
+            v.boolean = c == 't';
+            literal(v.boolean ? "true" : "false");
+        } else if (c == 'n') {
+            literal("null");
+        } else {
+            v.kind = JsonValue::Number;
+            const size_t start = pos_;
+            if (s_[pos_] == '-') pos_++;
+            auto digits = [&] { size_t b = pos_; while (pos_ < s_.size() && std::isdigit((unsigned char)s_[pos_])) pos_++; return pos_ > b; };
+            if (!digits()) fail("unexpected character");
+            if (pos_ < s_.size() && s_[pos_] == '.') { pos_++; if (!digits()) fail("bad number"); }
+            if (pos_ < s_.size() && (s_[pos_] == 'e' || s_[pos_] == 'E')) {
+                pos_++;
+                if (pos_ < s_.size() && (s_[pos_] == '+' || s_[pos_] == '-')) pos_++;
+                if (!digits()) fail("bad number");
+            }
+            v.text = s_.substr(start, pos_ - start);
+        }
+        return v;
+    }
+    const std::string& s_;
+    size_t pos_ = 0;
+};
+
+std::string json_quote_string(const std::string& s) {
+    std::string out = "\"";
+    for (unsigned char c : s) {
+        if (c == '"' || c == '\\') { out += '\\'; out += (char)c; }
+        else if (c == '\n') out += "\\n";
+        else if (c == '\r') out += "\\r";
+        else if (c == '\t') out += "\\t";
+        else if (c < 0x20) { char buf[8]; std::snprintf(buf, sizeof buf, "\\u%04x", c); out += buf; }
+        else out += (char)c;
+    }
+    return out + "\"";
+}
+
+// Compact JSON text of a value (what a const or enum member must be generated as).
+std::string json_dump(const JsonValue& v) {
+    switch (v.kind) {
+        case JsonValue::Null: return "null";
+        case JsonValue::Bool: return v.boolean ? "true" : "false";
+        case JsonValue::Number: return v.text;
+        case JsonValue::String: return json_quote_string(v.text);
+        case JsonValue::Array: {
+            std::string out = "[";
+            for (size_t i = 0; i < v.items.size(); i++) out += (i ? "," : "") + json_dump(v.items[i]);
+            return out + "]";
+        }
+        case JsonValue::Object: {
+            std::string out = "{";
+            for (size_t i = 0; i < v.members.size(); i++)
+                out += (i ? "," : "") + json_quote_string(v.members[i].first) + ":" + json_dump(v.members[i].second);
+            return out + "}";
         }
     }
-    auto by_logit = [](const Cand& a, const Cand& b) { return a.logit > b.logit || (a.logit == b.logit && a.id < b.id); };
-    if (p_.temperature <= 0) return std::min_element(c.begin(), c.end(), by_logit)->id;
-    size_t keep = c.size();
-    if (p_.top_k > 0 && (size_t)p_.top_k < keep) keep = p_.top_k;
-    std::partial_sort(c.begin(), c.begin() + keep, c.end(), by_logit);
-    c.resize(keep);
-    // Probabilities (before temperature, as llama.cpp's top-p and min-p see them).
-    std::vector<double> prob(c.size());
-    double sum = 0;
-    for (size_t i = 0; i < c.size(); i++) sum += (prob[i] = std::exp((double)c[i].logit - c[0].logit));
-    if (p_.top_p < 1.0f) {
-        double acc = 0;
-        size_t i = 0;
-        for (; i < c.size(); i++) {
-            acc += prob[i] / sum;
-            if (acc >= p_.top_p) { i++; break; }
+    return "null";
+}
+
+// A GBNF literal matching exactly text.
+std::string gbnf_literal(const std::string& text) {
+    std::string out = "\"";
+    for (char c : text) {
+        if (c == '"' || c == '\\') { out += '\\'; out += c; }
+        else if (c == '\n') out += "\\n";
+        else if (c == '\r') out += "\\r";
+        else out += c;
+    }
+    return out + "\"";
+}
+
+// llama.cpp's primitive rules (common/json-schema-to-grammar.cpp): name, body, dependencies.
+struct PrimitiveRule { const char* name; const char* body; const char* deps; };
+constexpr PrimitiveRule kJsonPrimitives[] = {
+    {"space", "| \" \" | \"\\n\"{1,2} [ \\t]{0,20}", ""},
+    {"boolean", "(\"true\" | \"false\") space", ""},
+    {"decimal-part", "[0-9]{1,16}", ""},
+    {"integral-part", "[0] | [1-9] [0-9]{0,15}", ""},
+    {"number", "(\"-\"? integral-part) (\".\" decimal-part)? ([eE] [-+]? integral-part)? space", "integral-part decimal-part"},
+    {"integer", "(\"-\"? integral-part) space", "integral-part"},
+    {"value", "object | array | string | number | boolean | null", "object array string number boolean null"},
+    {"object", "\"{\" space ( string \":\" space value (\",\" space string \":\" space value)* )? \"}\" space", "string value"},
+    {"array", "\"[\" space ( value (\",\" space value)* )? \"]\" space", "value"},
+    {"uuid", "\"\\\"\" [0-9a-fA-F]{8} \"-\" [0-9a-fA-F]{4} \"-\" [0-9a-fA-F]{4} \"-\" [0-9a-fA-F]{4} \"-\" [0-9a-fA-F]{12} \"\\\"\" space", ""},
+    {"char", "[^\"\\\\\\x7F\\x00-\\x1F] | [\\\\] ([\"\\\\bfnrt] | \"u\" [0-9a-fA-F]{4})", ""},
+    {"string", "\"\\\"\" char* \"\\\"\" space", "char"},
+    {"null", "\"null\" space", ""},
+    {"date", "[0-9]{4} \"-\" ( \"0\" [1-9] | \"1\" [0-2] ) \"-\" ( \"0\" [1-9] | [1-2] [0-9] | \"3\" [0-1] )", ""},
+    {"time", "([01] [0-9] | \"2\" [0-3]) \":\" [0-5] [0-9] \":\" [0-5] [0-9] ( \".\" [0-9]{3} )? ( \"Z\" | ( \"+\" | \"-\" ) ( [01] [0-9] | \"2\" [0-3] ) \":\" [0-5] [0-9] )", ""},
+    {"date-time", "date \"T\" time", "date time"},
+    {"date-string", "\"\\\"\" date \"\\\"\" space", "date"},
+    {"time-string", "\"\\\"\" time \"\\\"\" space", "time"},
+    {"date-time-string", "\"\\\"\" date-time \"\\\"\" space", "date-time"},
+};
+
+// Converts a schema to rules the way llama.cpp's SchemaConverter does, for the common subset.
+class SchemaConverter {
+public:
+    explicit SchemaConverter(const JsonValue& root) : root_(root) {}
+
+    std::string convert() {
+        primitive("space");  // literals, enums and objects all end with it
+        visit(root_, "", 0);
+        std::string out;
+        for (const auto& [name, body] : rules_) out += name + " ::= " + body + "\n";
+        return out;
+    }
+
+private:
+    [[noreturn]] static void fail(const std::string& what) { throw Error("json_schema: " + what); }
+
+    static bool primitive_name(const std::string& name) {
+        for (const PrimitiveRule& r : kJsonPrimitives) if (name == r.name) return true;
+        return false;
+    }
+    // A rule name from a schema path: other characters become '-', and primitives' names are kept free.
+    static std::string rule_key(const std::string& name) {
+        std::string key;
+        for (char c : name) key += std::isalnum((unsigned char)c) || c == '-' ? c : '-';
+        if (key.empty()) return "root";
+        return primitive_name(key) ? key + "-rule" : key;
+    }
+
+    // Adds a rule under a unique name (an identical rule already there is reused).
+    std::string add_rule(const std::string& name, const std::string& body, bool is_primitive = false) {
+        const std::string key = is_primitive ? name : rule_key(name);
+        std::string unique = key;
+        for (int i = 0;; i++) {
+            auto it = index_.find(unique);
+            if (it == index_.end()) break;
+            if (rules_[it->second].second == body) return unique;
+            unique = key + std::to_string(i);
         }
-        c.resize(std::max<size_t>(1, std::min(i, c.size())));
+        if (rules_.size() >= 5000) fail("the schema makes too many rules");
+        index_[unique] = rules_.size();
+        rules_.emplace_back(unique, body);
+        return unique;
     }
-    if (p_.min_p > 0) {
-        size_t i = 1;
-        while (i < c.size() && prob[i] >= p_.min_p * prob[0]) i++;
-        c.resize(i);
+
+    std::string primitive(const std::string& name) {
+        for (const PrimitiveRule& r : kJsonPrimitives) {
+            if (name != r.name) continue;
+            if (!index_.count(name)) {
+                add_rule(name, r.body, true);  // first: "value" and "object" refer to each other
+                std::string deps = r.deps;
+                for (size_t b = 0; b < deps.size();) {
+                    size_t e = deps.find(' ', b);
+                    if (e == std::string::npos) e = deps.size();
+                    primitive(deps.substr(b, e - b));
+                    b = e + 1;
+                }
+            }
+            return name;
+        }
+        fail("internal: no primitive rule '" + name + "'");
     }
-    std::vector<double> w(c.size());
-    for (size_t i = 0; i < c.size(); i++) w[i] = std::exp(((double)c[i].logit - c[0].logit) / p_.temperature);
-    std::discrete_distribution<size_t> dist(w.begin(), w.end());
-    return c[dist(rng_)].id;
+
+    static int64_t get_int(const JsonValue& s, const char* key, int64_t def) {
+        const JsonValue* v = s.get(key);
+        if (!v) return def;
+        if (v->kind != JsonValue::Number) fail(std::string("'") + key + "' must be a number");
+        double d = std::strtod(v->text.c_str(), nullptr);
+        if (d < 0 || d > 1e6) fail(std::string("'") + key + "' is out of range");
+        return (int64_t)d;
+    }
+
+    // item{min,max}, items separated by sep when given (llama.cpp's build_repetition).
+    static std::string repetition(const std::string& item, int64_t min, int64_t max, const std::string& sep) {
+        if (!sep.empty()) {
+            std::string result = item + " " + repetition("(" + sep + " " + item + ")", min == 0 ? 0 : min - 1, max < 0 ? max : max - 1, "");
+            return min == 0 ? "(" + result + ")?" : result;
+        }
+        if (max == 0) return "";
+        if (min == 0 && max == 1) return item + "?";
+        if (max < 0) return item + (min == 0 ? "*" : min == 1 ? "+" : "{" + std::to_string(min) + ",}");
+        if (min == max) return item + "{" + std::to_string(min) + "}";
+        return item + "{" + std::to_string(min) + "," + std::to_string(max) + "}";
+    }
+
+    std::string sub_name(const std::string& name, const std::string& part) { return name.empty() ? part : name + "-" + part; }
+
+    // A $ref's rule: visited once under "ref-NAME"; a reference met while it is being visited (a
+    // recursive schema) just names the rule.
+    std::string resolve_ref(const std::string& ref, int depth) {
+        const JsonValue* target = lookup_ref(ref);
+        const std::string name = "ref-" + ref.substr(ref.rfind('/') + 1), key = rule_key(name);
+        if (resolving_.count(key) || index_.count(key)) return key;
+        resolving_.insert(key);
+        std::string rule = visit(*target, name, depth + 1);
+        resolving_.erase(key);
+        return rule;
+    }
+
+    std::string object_rule(const JsonValue& s, const std::string& name, int depth) {
+        std::set<std::string> required;
+        if (const JsonValue* r = s.get("required")) {
+            if (r->kind != JsonValue::Array) fail("'required' must be an array");
+            for (const JsonValue& k : r->items) required.insert(k.text);
+        }
+        std::vector<std::pair<std::string, const JsonValue*>> props;
+        collect_properties(s, props, required);
+        std::vector<std::string> req, opt;
+        std::map<std::string, std::string> kv;
+        std::set<std::string> seen;
+        for (const auto& [prop, schema] : props) {
+            if (!seen.insert(prop).second) continue;
+            const std::string value = visit(*schema, sub_name(name, prop), depth + 1);
+            kv[prop] = add_rule(sub_name(name, prop) + "-kv", gbnf_literal(json_quote_string(prop)) + " space \":\" space " + value);
+            (required.count(prop) ? req : opt).push_back(prop);
+        }
+        const JsonValue* additional = s.get("additionalProperties");
+        if (additional && !(additional->kind == JsonValue::Bool && !additional->boolean)) {
+            const std::string value = additional->kind == JsonValue::Object ? visit(*additional, sub_name(name, "additional-value"), depth + 1) : primitive("value");
+            kv["*"] = add_rule(sub_name(name, "additional-kv"), primitive("string") + " \":\" space " + value);
+            opt.push_back("*");
+        }
+        std::string rule = "\"{\" space ";
+        for (size_t i = 0; i < req.size(); i++) rule += (i ? " \",\" space " : "") + kv[req[i]];
+        if (!opt.empty()) {
+            rule += " (";
+            if (!req.empty()) rule += " \",\" space ( ";
+            for (size_t i = 0; i < opt.size(); i++) rule += (i ? " | " : "") + optional_chain(opt, i, false, kv, name);
+            if (!req.empty()) rule += " )";
+            rule += " )?";
+        }
+        return rule + " \"}\" space";
+    }
+
+    // The optional properties from index i on, each at most once and in order (llama.cpp's
+    // get_recursive_refs); "*" stands for any number of additional properties.
+    std::string optional_chain(const std::vector<std::string>& keys, size_t i, bool first_optional,
+                               std::map<std::string, std::string>& kv, const std::string& name) {
+        const std::string& k = keys[i];
+        const std::string comma_ref = "( \",\" space " + kv[k] + " )";
+        std::string res = first_optional ? comma_ref + (k == "*" ? "*" : "?") : kv[k] + (k == "*" ? " " + comma_ref + "*" : "");
+        if (i + 1 < keys.size()) res += " " + add_rule(sub_name(name, k == "*" ? "additional" : k) + "-rest", optional_chain(keys, i + 1, true, kv, name));
+        return res;
+    }
+
+    // properties of s, and of the objects of its allOf (whose required lists are merged).
+    void collect_properties(const JsonValue& s, std::vector<std::pair<std::string, const JsonValue*>>& props, std::set<std::string>& required) {
+        if (const JsonValue* p = s.get("properties")) {
+            if (p->kind != JsonValue::Object) fail("'properties' must be an object");
+            for (const auto& [k, v] : p->members) props.emplace_back(k, &v);
+        }
+        if (const JsonValue* all = s.get("allOf")) {
+            if (all->kind != JsonValue::Array) fail("'allOf' must be an array");
+            for (const JsonValue& part : all->items) {
+                const JsonValue* target = &part;
+                if (const JsonValue* ref = part.get("$ref")) target = lookup_ref(ref->text);
+                if (const JsonValue* r = target->get("required"))
+                    for (const JsonValue& k : r->items) required.insert(k.text);
+                collect_properties(*target, props, required);
+            }
+        }
+    }
+
+    const JsonValue* lookup_ref(const std::string& ref) const {
+        for (const char* prefix : {"#/$defs/", "#/definitions/"}) {
+            const std::string pre = prefix;
+            if (ref.compare(0, pre.size(), pre) != 0) continue;
+            const JsonValue* defs = root_.get(pre == "#/$defs/" ? "$defs" : "definitions");
+            if (const JsonValue* t = defs ? defs->get(ref.substr(pre.size())) : nullptr) return t;
+        }
+        fail("unresolved $ref '" + ref + "'");
+    }
+
+    // The body of a string's rule.
+    std::string string_rule(const JsonValue& s) {
+        if (s.get("pattern")) fail("'pattern' is not supported");
+        if (const JsonValue* f = s.get("format")) {
+            if (f->text == "date" || f->text == "time" || f->text == "date-time") return primitive(f->text + "-string");
+            if (f->text == "uuid") return primitive("uuid");
+        }
+        const int64_t min = get_int(s, "minLength", 0), max = get_int(s, "maxLength", -1);
+        if (min == 0 && max < 0) return primitive("string");
+        if (max >= 0 && max < min) fail("maxLength is below minLength");
+        return "\"\\\"\" " + repetition(primitive("char"), min, max, "") + " \"\\\"\" space";
+    }
+
+    std::string visit(const JsonValue& s, const std::string& name, int depth) {
+        if (depth > 64) fail("nested deeper than 64 levels");
+        const std::string rule_name = name.empty() ? "root" : name;
+        if (s.kind == JsonValue::Bool) {
+            if (!s.boolean) fail("the schema 'false' admits nothing");
+            return add_rule(rule_name, primitive("value"));
+        }
+        if (s.kind != JsonValue::Object) fail("a schema must be an object or a boolean");
+        if (const JsonValue* ref = s.get("$ref")) {
+            if (ref->kind != JsonValue::String) fail("'$ref' must be a string");
+            return add_rule(rule_name, resolve_ref(ref->text, depth));
+        }
+        const JsonValue* alts = s.get("oneOf") ? s.get("oneOf") : s.get("anyOf");
+        if (alts) {
+            if (alts->kind != JsonValue::Array || alts->items.empty()) fail("'oneOf'/'anyOf' must be a non-empty array");
+            std::string body;
+            for (size_t i = 0; i < alts->items.size(); i++)
+                body += (i ? " | " : "") + visit(alts->items[i], sub_name(name, std::to_string(i)), depth + 1);
+            return add_rule(rule_name, body);
+        }
+        if (const JsonValue* c = s.get("const")) return add_rule(rule_name, gbnf_literal(json_dump(*c)) + " space");
+        if (const JsonValue* e = s.get("enum")) {
+            if (e->kind != JsonValue::Array || e->items.empty()) fail("'enum' must be a non-empty array");
+            std::string body = "(";
+            for (size_t i = 0; i < e->items.size(); i++) body += (i ? " | " : "") + gbnf_literal(json_dump(e->items[i]));
+            return add_rule(rule_name, body + ") space");
+        }
+        const JsonValue* type = s.get("type");
+        if (type && type->kind == JsonValue::Array) {
+            std::string body;
+            for (size_t i = 0; i < type->items.size(); i++) {
+                JsonValue one = s;
+                for (auto& [k, v] : one.members) if (k == "type") v = type->items[i];
+                body += (i ? " | " : "") + visit(one, sub_name(name, type->items[i].text), depth + 1);
+            }
+            if (body.empty()) fail("'type' must not be an empty array");
+            return add_rule(rule_name, body);
+        }
+        const std::string t = type ? type->text : "";
+        if (type && type->kind != JsonValue::String) fail("'type' must be a string or an array");
+        if ((t.empty() || t == "object") && (s.get("properties") || s.get("allOf") || (s.get("additionalProperties") && !(s.get("additionalProperties")->kind == JsonValue::Bool && s.get("additionalProperties")->boolean))))
+            return add_rule(rule_name, object_rule(s, name, depth));
+        if (t == "object") return add_rule(rule_name, primitive("object"));
+        if (t == "array" || (t.empty() && s.get("items"))) {
+            const JsonValue* items = s.get("items");
+            const int64_t min = get_int(s, "minItems", 0), max = get_int(s, "maxItems", -1);
+            if (max >= 0 && max < min) fail("maxItems is below minItems");
+            if (const JsonValue* prefix = s.get("prefixItems")) {
+                std::string body = "\"[\" space ";
+                for (size_t i = 0; i < prefix->items.size(); i++)
+                    body += (i ? " \",\" space " : "") + visit(prefix->items[i], sub_name(name, "tuple-" + std::to_string(i)), depth + 1);
+                return add_rule(rule_name, body + " \"]\" space");
+            }
+            const std::string item = items ? visit(*items, sub_name(name, "item"), depth + 1) : primitive("value");
+            return add_rule(rule_name, "\"[\" space " + repetition(item, min, max, "\",\" space") + " \"]\" space");
+        }
+        if (t == "string") return add_rule(rule_name, string_rule(s));
+        if (t == "integer" || t == "number" || t == "boolean" || t == "null") return add_rule(rule_name, primitive(t));
+        if (t.empty()) return add_rule(rule_name, primitive("value"));
+        fail("unsupported type '" + t + "'");
+    }
+
+    const JsonValue& root_;
+    std::vector<std::pair<std::string, std::string>> rules_;  // in creation order
+    std::map<std::string, size_t> index_;
+    std::set<std::string> resolving_;
+};
+
+} // namespace simpl
+
+std::string json_schema_to_grammar(const std::string& schema_json) {
+    const simpl::JsonValue schema = simpl::JsonReader(schema_json).read_document();
+    std::string gbnf = simpl::SchemaConverter(schema).convert();
+    Grammar check(gbnf);  // the converter's output must itself be a valid grammar
+    (void)check;
+    return gbnf;
 }
 
 std::vector<std::pair<int32_t, float>> Sampler::top_probs(const float* logits, int n_vocab, int n) const {

@@ -97,45 +97,124 @@ std::string get_str(const json& b, const char* k, const std::string& def) {
     return v->get<std::string>();
 }
 
-// generation_settings: every field llama-server reports; samplers this build does not have yet
-// show their "off" values.
+// llama-server's logit_bias: [[token or "text", bias or false], ...] or {"token or text": bias}; a
+// text biases each of its tokens, false bans; ids outside the vocabulary are skipped as llama-server does.
+std::vector<std::pair<int32_t, float>> parse_logit_bias(const json& lb, const llm::Vocab& vocab, int n_vocab) {
+    const char* shape = "[[token, bias], ...] or {\"token\": bias} (bias a number or false)";
+    auto bias_of = [&](const json& v) {
+        if (v.is_number() && (std::isfinite(v.get<double>()))) return v.get<float>();
+        if (v.is_boolean() && !v.get<bool>()) return -INFINITY;
+        bad_field("logit_bias", shape);
+    };
+    std::vector<std::pair<int32_t, float>> out;
+    auto add = [&](const json& key, float bias) {
+        if (key.is_number_integer()) {
+            const int64_t id = key.get<int64_t>();
+            if (id >= 0 && id < n_vocab) out.emplace_back((int32_t)id, bias);
+        } else if (key.is_string()) {
+            for (int32_t t : vocab.tokenize(key.get<std::string>(), false, false)) out.emplace_back(t, bias);
+        } else {
+            bad_field("logit_bias", shape);
+        }
+    };
+    if (lb.is_array()) {
+        for (const json& el : lb) {
+            if (!el.is_array() || el.size() != 2) bad_field("logit_bias", shape);
+            add(el[0], bias_of(el[1]));
+        }
+    } else if (lb.is_object()) {
+        for (const auto& [key, value] : lb.items()) {
+            char* end = nullptr;
+            const long id = strtol(key.c_str(), &end, 10);
+            add(!key.empty() && *end == 0 ? json(id) : json(key), bias_of(value));
+        }
+    } else {
+        bad_field("logit_bias", shape);
+    }
+    return out;
+}
+
+// The grammar a request asks for: "grammar", else "json_schema", else response_format's schema
+// (json_object without one: any JSON value, as llama-server); else def (the command line's). An
+// invalid grammar or schema is a 400 with the parser's message.
+std::string parse_grammar(const json& b, const std::string& def) {
+    const json* schema = opt_field(b, "json_schema");
+    json rf_schema;
+    if (const json* rf = opt_field(b, "response_format"); rf && !schema) {
+        if (!rf->is_object()) bad_field("response_format", "an object");
+        const std::string type = get_str(*rf, "type", "");
+        const json* wrapper = type == "json_schema" ? opt_field(*rf, "json_schema") : rf;
+        if (type == "json_object" || type == "json_schema") {
+            rf_schema = wrapper && wrapper->is_object() ? wrapper->value("schema", json::object()) : json::object();
+            schema = &rf_schema;
+        } else if (!type.empty() && type != "text") {
+            throw ApiError(400, "response_format type must be one of \"text\", \"json_object\" or \"json_schema\", but got: " + type);
+        }
+    }
+    try {
+        if (opt_field(b, "grammar")) {
+            const std::string grammar = get_str(b, "grammar", "");
+            if (!grammar.empty()) llm::Grammar check(grammar);
+            return grammar;
+        }
+        if (schema) return llm::json_schema_to_grammar(schema->dump());
+    } catch (const llm::Error& e) {
+        throw ApiError(400, e.what());
+    }
+    return def;
+}
+
+// logit_bias as generation_settings shows it: [{"bias": b, "token": t}, ...].
+json logit_bias_json(const std::vector<std::pair<int32_t, float>>& bias) {
+    json out = json::array();
+    for (auto [token, b] : bias) out.push_back({{"bias", std::isfinite(b) ? json(b) : json(false)}, {"token", token}});
+    return out;
+}
+
+json sampler_names_json(const std::vector<llm::SamplerStage>& stages) {
+    json out = json::array();
+    for (llm::SamplerStage st : stages) out.push_back(llm::sampler_stage_name(st));
+    return out;
+}
+
+// generation_settings: every field llama-server reports.
 json params_json(const TaskParams& p) {
     const llm::SamplerParams& sp = p.sampling;
     return json{{"n_predict", p.n_predict},
                 {"seed", sp.seed},
                 {"temperature", sp.temperature},
-                {"dynatemp_range", 0.0},
-                {"dynatemp_exponent", 1.0},
+                {"dynatemp_range", sp.dynatemp_range},
+                {"dynatemp_exponent", sp.dynatemp_exponent},
                 {"top_k", sp.top_k},
                 {"top_p", sp.top_p},
                 {"min_p", sp.min_p},
-                {"top_n_sigma", -1.0},
-                {"xtc_probability", 0.0},
-                {"xtc_threshold", 0.1},
-                {"typical_p", 1.0},
+                {"top_n_sigma", sp.top_n_sigma},
+                {"xtc_probability", sp.xtc_probability},
+                {"xtc_threshold", sp.xtc_threshold},
+                {"typical_p", sp.typical_p},
                 {"repeat_last_n", sp.penalty_last_n},
                 {"repeat_penalty", sp.repeat_penalty},
                 {"presence_penalty", sp.presence_penalty},
                 {"frequency_penalty", sp.frequency_penalty},
-                {"dry_multiplier", 0.0},
-                {"dry_base", 1.75},
-                {"dry_allowed_length", 2},
-                {"dry_penalty_last_n", -1},
-                {"dry_sequence_breakers", {"\n", ":", "\"", "*"}},
-                {"mirostat", 0},
-                {"mirostat_tau", 5.0},
-                {"mirostat_eta", 0.1},
+                {"dry_multiplier", sp.dry_multiplier},
+                {"dry_base", sp.dry_base},
+                {"dry_allowed_length", sp.dry_allowed_length},
+                {"dry_penalty_last_n", sp.dry_penalty_last_n},
+                {"dry_sequence_breakers", sp.dry_sequence_breakers},
+                {"mirostat", sp.mirostat},
+                {"mirostat_tau", sp.mirostat_tau},
+                {"mirostat_eta", sp.mirostat_eta},
                 {"stop", p.stop},
                 {"max_tokens", p.n_predict},
                 {"n_keep", p.n_keep},
                 {"n_discard", 0},
                 {"ignore_eos", p.ignore_eos},
                 {"stream", p.stream},
-                {"logit_bias", json::array()},
+                {"logit_bias", logit_bias_json(sp.logit_bias)},
                 {"n_probs", p.n_probs},
-                {"min_keep", 0},
-                {"grammar", ""},
-                {"samplers", {"penalties", "top_k", "top_p", "min_p", "temperature"}},
+                {"min_keep", sp.min_keep},
+                {"grammar", sp.grammar},
+                {"samplers", sampler_names_json(sp.samplers)},
                 {"speculative.n_max", 0},
                 {"speculative.n_min", 0},
                 {"speculative.p_min", 0.0},
@@ -230,6 +309,7 @@ TaskParams Api::parse_params(const json& b, ApiKind kind) const {
     p.sampling.penalty_last_n = (int)get_int(b, "repeat_last_n", p.sampling.penalty_last_n, -1, INT32_MAX);
     p.sampling.presence_penalty = (float)get_num(b, "presence_penalty", p.sampling.presence_penalty);
     p.sampling.frequency_penalty = (float)get_num(b, "frequency_penalty", p.sampling.frequency_penalty);
+    parse_sampling(b, p.sampling);
     int64_t seed = get_int(b, "seed", -1, -1, INT64_MAX);
     if (seed >= 0) p.sampling.seed = (uint64_t)seed;
     p.n_probs = (int)get_int(b, "n_probs", 0, 0, 100);
@@ -238,6 +318,7 @@ TaskParams Api::parse_params(const json& b, ApiKind kind) const {
     p.return_tokens = get_bool(b, "return_tokens", false);
     p.return_progress = get_bool(b, "return_progress", false);
     p.ignore_eos = get_bool(b, "ignore_eos", o_.ignore_eos);
+    p.sampling.ignore_eos = p.ignore_eos;  // as llama-server: end-of-generation tokens are never sampled
     p.id_slot = (int)get_int(b, "id_slot", -1, -1, n_slots_ - 1);
     p.n_keep = (int)get_int(b, "n_keep", p.n_keep, -1, INT32_MAX);
     if (const json* s = opt_field(b, "stop")) {
@@ -255,6 +336,50 @@ TaskParams Api::parse_params(const json& b, ApiKind kind) const {
         p.stop.erase(std::remove(p.stop.begin(), p.stop.end(), std::string()), p.stop.end());
     }
     return p;
+}
+
+// The sampling fields beyond the basic ones, with llama-server's names and defaults from the command line.
+void Api::parse_sampling(const json& b, llm::SamplerParams& sp) const {
+    sp.typical_p = (float)get_num(b, "typical_p", sp.typical_p);
+    sp.top_n_sigma = (float)get_num(b, "top_n_sigma", sp.top_n_sigma);
+    sp.xtc_probability = (float)get_num(b, "xtc_probability", sp.xtc_probability);
+    sp.xtc_threshold = (float)get_num(b, "xtc_threshold", sp.xtc_threshold);
+    sp.dynatemp_range = (float)get_num(b, "dynatemp_range", sp.dynatemp_range);
+    sp.dynatemp_exponent = (float)get_num(b, "dynatemp_exponent", sp.dynatemp_exponent);
+    sp.dry_multiplier = (float)get_num(b, "dry_multiplier", sp.dry_multiplier);
+    sp.dry_base = (float)get_num(b, "dry_base", sp.dry_base);
+    if (sp.dry_base < 1.0f) sp.dry_base = o_.sampling.dry_base;  // as llama-server
+    sp.dry_allowed_length = (int)get_int(b, "dry_allowed_length", sp.dry_allowed_length, 0, INT32_MAX);
+    sp.dry_penalty_last_n = (int)get_int(b, "dry_penalty_last_n", sp.dry_penalty_last_n, -1, INT32_MAX);
+    if (const json* br = opt_field(b, "dry_sequence_breakers")) {
+        if (!br->is_array() || br->empty()) bad_field("dry_sequence_breakers", "a non-empty array of strings");
+        sp.dry_sequence_breakers.clear();
+        for (const json& x : *br) {
+            if (!x.is_string()) bad_field("dry_sequence_breakers", "a non-empty array of strings");
+            sp.dry_sequence_breakers.push_back(x.get<std::string>());
+        }
+    }
+    sp.mirostat = (int)get_int(b, "mirostat", sp.mirostat, 0, 2);
+    sp.mirostat_tau = (float)get_num(b, "mirostat_tau", sp.mirostat_tau);
+    sp.mirostat_eta = (float)get_num(b, "mirostat_eta", sp.mirostat_eta);
+    sp.min_keep = (int)get_int(b, "min_keep", sp.min_keep, 0, INT32_MAX);
+    if (const json* s = opt_field(b, "samplers")) {
+        const char* shape = "an array of sampler names or a string of their letters";
+        if (s->is_string()) {
+            sp.samplers = llm::sampler_stages_from_chars(s->get<std::string>());
+        } else if (s->is_array()) {
+            std::vector<std::string> names;
+            for (const json& x : *s) {
+                if (!x.is_string()) bad_field("samplers", shape);
+                names.push_back(x.get<std::string>());
+            }
+            sp.samplers = llm::sampler_stages_from_names(names);
+        } else {
+            bad_field("samplers", shape);
+        }
+    }
+    if (const json* lb = opt_field(b, "logit_bias")) sp.logit_bias = parse_logit_bias(*lb, model_->vocab, n_vocab_);
+    sp.grammar = parse_grammar(b, sp.grammar);
 }
 
 std::vector<int32_t> Api::tokenize_prompt(const std::string& text) const {

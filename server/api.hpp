@@ -82,6 +82,7 @@ private:
 
     // ---- requests
     TaskParams parse_params(const json& b, ApiKind kind) const;
+    void parse_sampling(const json& b, llm::SamplerParams& sp) const;
     std::vector<int32_t> parse_prompt(const json& prompt) const;
     std::vector<std::vector<int32_t>> parse_prompts(const json& prompt, size_t max_prompts = kMaxPrompts) const;
     void check_fits(const std::vector<int32_t>& prompt) const;

@@ -132,6 +132,56 @@ std::string unescape(const std::string& s) {
     return out;
 }
 
+// ---- Sampling flags ----------------------------------------------------------------------------
+std::vector<std::string> split(const std::string& s, char sep) {
+    std::vector<std::string> out;
+    std::stringstream ss(s);
+    for (std::string item; std::getline(ss, item, sep);) out.push_back(item);
+    return out;
+}
+
+std::string read_text_file(const Arg& a) {
+    std::ifstream f(a.value, std::ios::binary);
+    if (!f) usage_error("cannot read " + a.flag + " " + a.value);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    return ss.str();
+}
+
+// A grammar given on the command line, parsed now so that an error stops the start.
+std::string checked_grammar(const Arg& a, const std::string& gbnf) {
+    try {
+        llm::Grammar check(gbnf);
+    } catch (const llm::Error& e) {
+        usage_error(a.flag + ": " + e.what());
+    }
+    return gbnf;
+}
+
+std::string schema_grammar(const Arg& a, const std::string& schema) {
+    try {
+        return llm::json_schema_to_grammar(schema);
+    } catch (const llm::Error& e) {
+        usage_error(a.flag + ": " + e.what());
+    }
+}
+
+// --dry-sequence-breaker S: the first one replaces the default breakers; "none" leaves none.
+void add_dry_breaker(Options& o, const Arg& a) {
+    if (!o.dry_breakers_given || a.value == "none") o.sampling.dry_sequence_breakers.clear();
+    o.dry_breakers_given = true;
+    if (a.value != "none") o.sampling.dry_sequence_breakers.push_back(a.value);
+}
+
+// -l / --logit-bias TOKEN_ID(+/-)BIAS, as llama.cpp: "15043+1", "15043-inf".
+void add_logit_bias(Options& o, const Arg& a) {
+    const size_t sign = a.value.find_first_of("+-", 1);
+    if (sign == std::string::npos) usage_error(a.flag + " expects TOKEN_ID(+/-)BIAS, got '" + a.value + "'");
+    const Arg token{a.flag, a.value.substr(0, sign)}, bias{a.flag, a.value.substr(sign + 1)};
+    const float b = bias.to_float();
+    o.sampling.logit_bias.emplace_back(token.to_int(), a.value[sign] == '-' ? -b : b);
+}
+
 void read_api_key_file(Options& o, const Arg& a) {
     std::ifstream f(a.value);
     if (!f) usage_error("cannot read --api-key-file " + a.value);
@@ -261,10 +311,10 @@ const std::vector<Flag>& flags() {
          [](Options& o, const Arg&) { o.verbose_prompt = true; }},
 
         // ---- sampling params
-        {{"--samplers"}, {}, nullptr, "SAMPLERS", G::Sampling, "sampler order, ';'-separated", note(kLater)},
+        {{"--samplers"}, {}, nullptr, "SAMPLERS", G::Sampling, "sampler order, ';'-separated", [](Options& o, const Arg& a) { o.sampling.samplers = llm::sampler_stages_from_names(split(a.value, ';')); }},
         {{"-s", "--seed"}, {}, nullptr, "SEED", G::Sampling, "RNG seed (default: -1 = random)",
          [](Options& o, const Arg& a) { o.sampling.seed = (uint64_t)(uint32_t)a.to_int(); }},
-        {{"--sampler-seq", "--sampling-seq"}, {}, nullptr, "SEQUENCE", G::Sampling, "simplified sampler sequence", note(kLater)},
+        {{"--sampler-seq", "--sampling-seq"}, {}, nullptr, "SEQUENCE", G::Sampling, "simplified sampler sequence", [](Options& o, const Arg& a) { o.sampling.samplers = llm::sampler_stages_from_chars(a.value); }},
         {{"--ignore-eos"}, {}, nullptr, nullptr, G::Sampling, "ignore end of stream token and continue generating",
          [](Options& o, const Arg&) { o.ignore_eos = true; }},
         {{"--temp", "--temperature"}, {}, "LLAMA_ARG_TEMPERATURE", "N", G::Sampling, "temperature (default 0.8; <= 0 greedy)",
@@ -275,10 +325,10 @@ const std::vector<Flag>& flags() {
          [](Options& o, const Arg& a) { o.sampling.top_p = a.to_float(); }},
         {{"--min-p"}, {}, "LLAMA_ARG_MIN_P", "N", G::Sampling, "min-p sampling (default 0.05, 0.0 = disabled)",
          [](Options& o, const Arg& a) { o.sampling.min_p = a.to_float(); }},
-        {{"--top-nsigma", "--top-n-sigma"}, {}, nullptr, "N", G::Sampling, "top-n-sigma sampling", note(kLater)},
-        {{"--xtc-probability"}, {}, nullptr, "N", G::Sampling, "xtc probability", note(kLater)},
-        {{"--xtc-threshold"}, {}, nullptr, "N", G::Sampling, "xtc threshold", note(kLater)},
-        {{"--typical", "--typical-p"}, {}, nullptr, "N", G::Sampling, "locally typical sampling", note(kLater)},
+        {{"--top-nsigma", "--top-n-sigma"}, {}, nullptr, "N", G::Sampling, "top-n-sigma sampling", [](Options& o, const Arg& a) { o.sampling.top_n_sigma = a.to_float(); }},
+        {{"--xtc-probability"}, {}, nullptr, "N", G::Sampling, "xtc probability", [](Options& o, const Arg& a) { o.sampling.xtc_probability = a.to_float(); }},
+        {{"--xtc-threshold"}, {}, nullptr, "N", G::Sampling, "xtc threshold", [](Options& o, const Arg& a) { o.sampling.xtc_threshold = a.to_float(); }},
+        {{"--typical", "--typical-p"}, {}, nullptr, "N", G::Sampling, "locally typical sampling", [](Options& o, const Arg& a) { o.sampling.typical_p = a.to_float(); }},
         {{"--repeat-last-n"}, {}, nullptr, "N", G::Sampling, "last n tokens the penalties look at (default 64, 0 = off, -1 = context)",
          [](Options& o, const Arg& a) { o.sampling.penalty_last_n = a.to_int(); }},
         {{"--repeat-penalty"}, {}, "LLAMA_ARG_REPEAT_PENALTY", "N", G::Sampling, "repeat penalty (default 1.0 = off)",
@@ -287,23 +337,23 @@ const std::vector<Flag>& flags() {
          [](Options& o, const Arg& a) { o.sampling.presence_penalty = a.to_float(); }},
         {{"--frequency-penalty"}, {}, "LLAMA_ARG_FREQUENCY_PENALTY", "N", G::Sampling, "frequency penalty (default 0.0 = off)",
          [](Options& o, const Arg& a) { o.sampling.frequency_penalty = a.to_float(); }},
-        {{"--dry-multiplier"}, {}, nullptr, "N", G::Sampling, "DRY sampling multiplier", note(kLater)},
-        {{"--dry-base"}, {}, nullptr, "N", G::Sampling, "DRY sampling base", note(kLater)},
-        {{"--dry-allowed-length"}, {}, nullptr, "N", G::Sampling, "DRY allowed length", note(kLater)},
-        {{"--dry-penalty-last-n"}, {}, nullptr, "N", G::Sampling, "DRY penalty window", note(kLater)},
-        {{"--dry-sequence-breaker"}, {}, nullptr, "STRING", G::Sampling, "DRY sequence breaker", note(kLater)},
+        {{"--dry-multiplier"}, {}, nullptr, "N", G::Sampling, "DRY sampling multiplier", [](Options& o, const Arg& a) { o.sampling.dry_multiplier = a.to_float(); }},
+        {{"--dry-base"}, {}, nullptr, "N", G::Sampling, "DRY sampling base", [](Options& o, const Arg& a) { o.sampling.dry_base = a.to_float(); }},
+        {{"--dry-allowed-length"}, {}, nullptr, "N", G::Sampling, "DRY allowed length", [](Options& o, const Arg& a) { o.sampling.dry_allowed_length = a.to_int(); }},
+        {{"--dry-penalty-last-n"}, {}, nullptr, "N", G::Sampling, "DRY penalty window (default -1 = context)", [](Options& o, const Arg& a) { o.sampling.dry_penalty_last_n = a.to_int(); }},
+        {{"--dry-sequence-breaker"}, {}, nullptr, "STRING", G::Sampling, "DRY sequence breaker", add_dry_breaker},
         {{"--adaptive-target"}, {}, nullptr, "N", G::Sampling, "adaptive-p target", note(kLater)},
         {{"--adaptive-decay"}, {}, nullptr, "N", G::Sampling, "adaptive-p decay", note(kLater)},
-        {{"--dynatemp-range"}, {}, nullptr, "N", G::Sampling, "dynamic temperature range", note(kLater)},
-        {{"--dynatemp-exp"}, {}, nullptr, "N", G::Sampling, "dynamic temperature exponent", note(kLater)},
-        {{"--mirostat"}, {}, nullptr, "N", G::Sampling, "Mirostat sampling (0 off, 1, 2)", note(kLater)},
-        {{"--mirostat-lr"}, {}, nullptr, "N", G::Sampling, "Mirostat learning rate", note(kLater)},
-        {{"--mirostat-ent"}, {}, nullptr, "N", G::Sampling, "Mirostat target entropy", note(kLater)},
-        {{"-l", "--logit-bias"}, {}, nullptr, "TOKEN_ID(+/-)BIAS", G::Sampling, "logit bias", note(kLater)},
-        {{"--grammar"}, {}, nullptr, "GRAMMAR", G::Sampling, "GBNF grammar", note(kLater)},
-        {{"--grammar-file"}, {}, nullptr, "FNAME", G::Sampling, "file to read the grammar from", note(kLater)},
-        {{"-j", "--json-schema"}, {}, nullptr, "SCHEMA", G::Sampling, "JSON schema", note(kLater)},
-        {{"-jf", "--json-schema-file"}, {}, nullptr, "FILE", G::Sampling, "JSON schema file", note(kLater)},
+        {{"--dynatemp-range"}, {}, nullptr, "N", G::Sampling, "dynamic temperature range", [](Options& o, const Arg& a) { o.sampling.dynatemp_range = a.to_float(); }},
+        {{"--dynatemp-exp"}, {}, nullptr, "N", G::Sampling, "dynamic temperature exponent", [](Options& o, const Arg& a) { o.sampling.dynatemp_exponent = a.to_float(); }},
+        {{"--mirostat"}, {}, nullptr, "N", G::Sampling, "Mirostat sampling (0 off, 1, 2)", [](Options& o, const Arg& a) { o.sampling.mirostat = a.to_int(); }},
+        {{"--mirostat-lr"}, {}, nullptr, "N", G::Sampling, "Mirostat learning rate", [](Options& o, const Arg& a) { o.sampling.mirostat_eta = a.to_float(); }},
+        {{"--mirostat-ent"}, {}, nullptr, "N", G::Sampling, "Mirostat target entropy", [](Options& o, const Arg& a) { o.sampling.mirostat_tau = a.to_float(); }},
+        {{"-l", "--logit-bias"}, {}, nullptr, "TOKEN_ID(+/-)BIAS", G::Sampling, "logit bias", add_logit_bias},
+        {{"--grammar"}, {}, nullptr, "GRAMMAR", G::Sampling, "GBNF grammar", [](Options& o, const Arg& a) { o.sampling.grammar = checked_grammar(a, a.value); }},
+        {{"--grammar-file"}, {}, nullptr, "FNAME", G::Sampling, "file to read the grammar from", [](Options& o, const Arg& a) { o.sampling.grammar = checked_grammar(a, read_text_file(a)); }},
+        {{"-j", "--json-schema"}, {}, nullptr, "SCHEMA", G::Sampling, "JSON schema", [](Options& o, const Arg& a) { o.sampling.grammar = schema_grammar(a, a.value); }},
+        {{"-jf", "--json-schema-file"}, {}, nullptr, "FILE", G::Sampling, "JSON schema file", [](Options& o, const Arg& a) { o.sampling.grammar = schema_grammar(a, read_text_file(a)); }},
         {{"-bs", "--backend-sampling"}, {}, "LLAMA_ARG_BACKEND_SAMPLING", nullptr, G::Sampling, "backend sampling", note(kCpuOnly)},
 
         // ---- example-specific params (llama-server)

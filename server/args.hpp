@@ -36,6 +36,7 @@ struct Options {
     bool tokenize = false, add_special = false, parse_special = false, bench = false, plan = false;
     bool use_mmap = true, mlock = false, repack = true, verbose_prompt = false, moe_per_token = false;
     bool escape = false, ignore_eos = false, special = false;  // special: special tokens printed as their text
+    bool dry_breakers_given = false;           // a --dry-sequence-breaker replaced the defaults
     std::vector<std::string> reverse_prompts;  // -r outside --bench: stop strings of every request
     std::string short_r;                       // -r's value: --bench repetitions, else a reverse prompt
     int log_verbosity = 3;                     // 1 errors, 2 warnings, 3 info, 4+ debug; -1 nothing

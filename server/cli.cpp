@@ -99,8 +99,8 @@ int run_complete(const Options& o, const llm::Model& m) {
     if (o.verbose_prompt) {
         for (int32_t t : tokens) fprintf(stderr, "%6d -> '%s'\n", t, m.vocab.token_to_piece(t).c_str());
     }
-    llm::Sampler sampler(o.sampling);
-    for (int32_t t : tokens) sampler.accept(t);
+    llm::Sampler sampler(o.sampling, &m.vocab);
+    for (int32_t t : tokens) sampler.accept(t, false);  // the prompt is not the grammar's text
     fputs(o.prompt_file.empty() && !o.has_prompt_ids ? o.prompt.c_str() : "", stdout);
     fflush(stdout);
 

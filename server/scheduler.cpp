@@ -147,8 +147,8 @@ void Scheduler::start_task(Slot& s, std::unique_ptr<Task> t) {
     ctx_.seq_truncate(s.id, (int)reuse);
     s.cache.resize(reuse);
     s.target = prompt;
-    s.sampler = std::make_unique<llm::Sampler>(t->p.sampling);
-    for (int32_t tok : prompt) s.sampler->accept(tok);
+    s.sampler = std::make_unique<llm::Sampler>(t->p.sampling, &model_.vocab);
+    for (int32_t tok : prompt) s.sampler->accept(tok, false);  // the prompt is not the grammar's text
     s.generating = false;
     s.n_prompt = (int)prompt.size();
     s.n_cache_reused = (int)reuse;
@@ -399,8 +399,13 @@ void Scheduler::on_logits(Slot& s, const float* logits) {
         s.t_first = now_seconds();
         if (p.n_predict == 0) return finish(s, "limit");
     }
-    const int32_t tok = s.sampler->sample(logits, n_vocab_);
-    s.sampler->accept(tok);
+    int32_t tok = 0;
+    try {  // a grammar can reach a state no token continues, or one too ambiguous to follow
+        tok = s.sampler->sample(logits, n_vocab_);
+        s.sampler->accept(tok);
+    } catch (const llm::Error& e) {
+        return fail_slot(s, 500, std::string("sampling failed: ") + e.what());
+    }
     s.n_decoded++;
     if (p.n_probs > 0) s.unsent_probs.push_back(token_prob(logits, tok, s));
     const llm::Vocab& v = model_.vocab;

@@ -1192,3 +1192,110 @@ TEST_CASE("server: a stream cut by the end of the shutdown grace is logged as cu
         t.join();
     }
 }
+
+TEST_CASE("server: grammar, json_schema and response_format constrain the output; bad values are 400s") {
+    int port = main_server().port;
+    // GBNF: the greedy answer is forced into the grammar, and ends (eos) once the grammar is complete.
+    json g = completion(port, {{"prompt", "Is Paris in France? Answer:"}, {"n_predict", 16}, {"temperature", 0},
+                               {"grammar", "root ::= \" \" (\"yes\" | \"no\") \".\""}});
+    const std::string answer = g["content"];
+    CHECK((answer == " yes." || answer == " no."));
+    CHECK(g["stop_type"] == "eos");
+    CHECK(g["generation_settings"]["grammar"].get<std::string>().find("yes") != std::string::npos);
+
+    // A JSON schema: the output parses and has exactly the required shape.
+    const json schema = {{"type", "object"},
+                         {"properties", {{"city", {{"type", "string"}, {"maxLength", 24}}}, {"population", {{"type", "integer"}}}}},
+                         {"required", {"city", "population"}}};
+    auto check_doc = [](const std::string& text) {
+        json doc = json::parse(text, nullptr, false);
+        REQUIRE_MESSAGE(doc.is_object(), text);
+        CHECK(doc.size() == 2);
+        CHECK(doc["city"].is_string());
+        CHECK(doc["city"].get<std::string>().size() <= 24);
+        CHECK(doc["population"].is_number_integer());
+    };
+    json c = completion(port, {{"prompt", "The largest city in France, as JSON:"}, {"n_predict", 64}, {"temperature", 0}, {"json_schema", schema}});
+    check_doc(c["content"]);
+    json msgs = {{{"role", "user"}, {"content", "Give the largest city of Japan and its population as JSON."}}};
+    Reply rf = post(port, "/v1/chat/completions",
+                    {{"messages", msgs}, {"max_tokens", 64}, {"temperature", 0},
+                     {"response_format", {{"type", "json_schema"}, {"json_schema", {{"name", "city"}, {"schema", schema}}}}}});
+    REQUIRE_MESSAGE(rf.status == 200, rf.raw);
+    check_doc(rf.body["choices"][0]["message"]["content"]);
+    Reply jo = post(port, "/v1/chat/completions",
+                    {{"messages", msgs}, {"max_tokens", 64}, {"temperature", 0}, {"response_format", {{"type", "json_object"}}}});
+    REQUIRE_MESSAGE(jo.status == 200, jo.raw);
+    const std::string any = jo.body["choices"][0]["message"]["content"];
+    CHECK_MESSAGE(!json::parse(any, nullptr, false).is_discarded(), any);
+
+    // Invalid grammars, schemas and values: 400 naming the problem.
+    auto bad = [&](const json& body, const char* needle) {
+        Reply r = post(port, "/completion", body);
+        CHECK_MESSAGE(r.status == 400, r.raw);
+        CHECK_MESSAGE(r.raw.find(needle) != std::string::npos, r.raw);
+    };
+    const json base = {{"prompt", "x"}, {"n_predict", 1}};
+    auto with = [&](const char* k, const json& v) { json b = base; b[k] = v; return b; };
+    bad(with("grammar", "root ::= missing"), "undefined rule 'missing'");
+    bad(with("grammar", "root ::= root \"a\""), "left recursion");
+    bad(with("json_schema", {{"type", "strin"}}), "json_schema: unsupported type");
+    bad(with("response_format", {{"type", "xml"}}), "response_format type");
+    bad(with("mirostat", 3), "'mirostat' must be in [0, 2]");
+    bad(with("logit_bias", "x"), "'logit_bias' must be");
+    bad(with("logit_bias", {{1}}), "'logit_bias' must be");
+    bad(with("dry_sequence_breakers", json::array()), "'dry_sequence_breakers' must be a non-empty array");
+    bad(with("samplers", 5), "'samplers' must be");
+    bad(with("typical_p", "high"), "'typical_p' must be a number");
+    bad(with("min_keep", -1), "'min_keep' must be in");
+}
+
+TEST_CASE("server: logit_bias bans and boosts; the sampling fields show in generation_settings") {
+    int port = main_server().port;
+    const json base = {{"prompt", kPrompts[0]}, {"n_predict", 4}, {"temperature", 0}, {"return_tokens", true}};
+    json plain = completion(port, base);
+    const int first = plain["tokens"][0];
+    json b1 = base, b2 = base, b3 = base;
+    b1["logit_bias"] = {{first, false}};                   // array form, false bans
+    b2["logit_bias"] = {{std::to_string(first), -100.0}};  // object form (OpenAI's)
+    b3["logit_bias"] = {{"Paris", false}, {" Paris", false}};  // text: each of its tokens
+    for (const json& b : {b1, b2}) {
+        json r = completion(port, b);
+        CHECK(r["tokens"][0] != first);
+    }
+    json r3 = completion(port, b3);
+    CHECK(r3["content"].get<std::string>().find("Paris") == std::string::npos);
+    json boost = base;
+    boost["logit_bias"] = json::array({json::array({42, 100})});
+    CHECK(completion(port, boost)["tokens"][0] == 42);
+
+    json s = base;
+    s.update({{"typical_p", 0.9}, {"top_n_sigma", 1.5}, {"xtc_probability", 0.25}, {"xtc_threshold", 0.2}, {"dry_multiplier", 0.8},
+              {"dry_base", 0.5}, {"dry_allowed_length", 3}, {"dry_penalty_last_n", 32}, {"dry_sequence_breakers", {"\n"}},
+              {"mirostat", 2}, {"mirostat_tau", 4.0}, {"mirostat_eta", 0.2}, {"dynatemp_range", 0.5}, {"dynatemp_exponent", 2.0},
+              {"min_keep", 2}, {"samplers", {"top_k", "temperature"}}, {"logit_bias", {{42, 1.5}}}});
+    json gs = completion(port, s)["generation_settings"];
+    CHECK(gs["typical_p"].get<double>() == doctest::Approx(0.9));
+    CHECK(gs["top_n_sigma"].get<double>() == doctest::Approx(1.5));
+    CHECK(gs["xtc_probability"].get<double>() == doctest::Approx(0.25));
+    CHECK(gs["xtc_threshold"].get<double>() == doctest::Approx(0.2));
+    CHECK(gs["dry_multiplier"].get<double>() == doctest::Approx(0.8));
+    CHECK(gs["dry_base"].get<double>() == doctest::Approx(1.75));  // < 1: llama-server's default
+    CHECK(gs["dry_allowed_length"] == 3);
+    CHECK(gs["dry_penalty_last_n"] == 32);
+    CHECK(gs["dry_sequence_breakers"] == json({"\n"}));
+    CHECK(gs["mirostat"] == 2);
+    CHECK(gs["mirostat_tau"].get<double>() == doctest::Approx(4.0));
+    CHECK(gs["mirostat_eta"].get<double>() == doctest::Approx(0.2));
+    CHECK(gs["dynatemp_range"].get<double>() == doctest::Approx(0.5));
+    CHECK(gs["dynatemp_exponent"].get<double>() == doctest::Approx(2.0));
+    CHECK(gs["min_keep"] == 2);
+    CHECK(gs["samplers"] == json({"top_k", "temperature"}));
+    CHECK(gs["logit_bias"] == json::parse(R"([{"bias": 1.5, "token": 42}])"));
+    CHECK(completion(port, base)["generation_settings"]["samplers"] ==
+          json({"penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature"}));
+    // A string of letters is llama-server's other spelling of the order.
+    json letters = base;
+    letters["samplers"] = "kt";
+    CHECK(completion(port, letters)["generation_settings"]["samplers"] == json({"top_k", "temperature"}));
+}
