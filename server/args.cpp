@@ -395,9 +395,16 @@ const std::vector<Flag>& flags() {
         {{"--models-preset"}, {}, "LLAMA_ARG_MODELS_PRESET", "PATH", G::Server, "model presets of the router server", note("one model per server here (ignored)")},
         {{"--models-max"}, {}, "LLAMA_ARG_MODELS_MAX", "N", G::Server, "models loaded at once by the router", note("one model per server here (ignored)")},
         {{"--models-autoload"}, {"--no-models-autoload"}, "LLAMA_ARG_MODELS_AUTOLOAD", nullptr, G::Server, "router autoload", note("one model per server here (ignored)")},
-        {{"--jinja"}, {"--no-jinja"}, "LLAMA_ARG_JINJA", nullptr, G::Server, "Jinja chat templates",
-         note("the template's family is recognized and rendered natively (no Jinja engine yet)")},
-        {{"--reasoning-format"}, {}, "LLAMA_ARG_THINK", "FORMAT", G::Server, "reasoning extraction", note("thoughts stay in message.content (ignored)")},
+        {{"--jinja"}, {"--no-jinja"}, "LLAMA_ARG_JINJA", nullptr, G::Server,
+         "render the chat template's Jinja as is (default: on; --no-jinja: the recognized family's built-in renderer)",
+         [](Options& o, const Arg& a) { o.srv.jinja = a.on(); }},
+        {{"--reasoning-format"}, {}, "LLAMA_ARG_THINK", "FORMAT", G::Server,
+         "none: thinking stays in message.content; deepseek or auto (default): it goes to reasoning_content",
+         [](Options& o, const Arg& a) {
+             if (a.value != "none" && a.value != "deepseek" && a.value != "auto" && a.value != "deepseek-legacy")
+                 usage_error("--reasoning-format must be none, deepseek or auto");
+             o.srv.reasoning_format = a.value;
+         }},
         {{"-rea", "--reasoning"}, {}, "LLAMA_ARG_REASONING", "[on|off|auto]", G::Server, "reasoning in the chat",
          note("use chat_template_kwargs.enable_thinking per request (ignored)")},
         {{"--reasoning-effort"}, {}, "LLAMA_ARG_REASONING_EFFORT", "LEVEL", G::Server, "reasoning effort", note("ignored")},
@@ -468,6 +475,10 @@ const std::vector<Flag>& flags() {
         {{"--chunks"}, {}, nullptr, "N", G::Modes, "with --perplexity: at most N chunks", [](Options& o, const Arg& a) { o.n_chunks = a.to_int(); }},
         {{"--plan"}, {}, nullptr, nullptr, G::Modes, "print the memory a deployment needs for -c N tokens per slot and -np N slots, without loading weights",
          [](Options& o, const Arg&) { o.plan = true; }},
+        {{"--render-chat"}, {}, nullptr, "REQUEST.json", G::Modes,
+         "print the prompt --chat-template-file renders for REQUEST ({\"messages\", \"tools\", \"add_generation_prompt\", "
+         "\"chat_template_kwargs\", \"bos_token\", \"eos_token\"}) byte for byte, without a model; an error: one line, exit status 1",
+         [](Options& o, const Arg& a) { o.render_chat = a.value; }},
         {{"--moe-per-token"}, {}, nullptr, nullptr, G::Modes, "run MoE experts token by token instead of grouped by expert (benchmarks)",
          [](Options& o, const Arg&) { o.moe_per_token = true; }},
     };
@@ -565,7 +576,7 @@ Options parse_args(int argc, char** argv) {
         else o.reverse_prompts.push_back(o.short_r);
     }
     if (o.escape) o.prompt = unescape(o.prompt);
-    if (o.model.empty()) usage_error("no model given (-m MODEL)");
+    if (o.model.empty() && o.render_chat.empty()) usage_error("no model given (-m MODEL)");
     if (o.n_batch <= 0) usage_error("--batch-size must be positive");
     if (o.n_threads < 0) usage_error("--threads must not be negative");
     if (o.n_parallel <= 0 || o.n_parallel > 256) usage_error("--parallel must be in 1..256");
@@ -593,7 +604,7 @@ llm::ContextParams context_params(const Options& o, int n_ctx) {
 }
 
 bool wants_server(const Options& o) {
-    return !o.tokenize && !o.plan && !o.bench && o.dump_logits.empty() && o.perplexity_file.empty() && !o.has_prompt &&
+    return !o.tokenize && !o.plan && !o.bench && o.render_chat.empty() && o.dump_logits.empty() && o.perplexity_file.empty() && !o.has_prompt &&
            !o.has_prompt_ids && o.prompt_file.empty();
 }
 

@@ -20,10 +20,13 @@ struct ServerOptions {
     int cache_ram_mib = 8192, max_connections = 64;
     bool context_shift = false, kv_unified = false, warmup = true, cache_prompt = true;
     bool metrics = false, props_post = false, slots = true, webui = true;
+    bool jinja = true;                     // render the Jinja template itself (--no-jinja: the family's renderer)
+    std::string reasoning_format = "auto"; // none: thinking stays in content; deepseek / auto: reasoning_content
 };
 
 struct Options {
     std::string model, prompt, prompt_file, dump_logits, perplexity_file, kl_base;
+    std::string render_chat;  // --render-chat REQUEST.json
     std::vector<int32_t> prompt_ids;
     bool has_prompt = false, has_prompt_ids = false;
     int n_predict = -1, n_ctx = 0, n_threads = 0, n_batch = 512, bench_reps = 5, n_parallel = 1, n_chunks = -1;

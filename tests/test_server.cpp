@@ -767,7 +767,7 @@ TEST_CASE("server: llama-server's flags, spellings and LLAMA_ARG_* variables") {
     CHECK(p.body["model_alias"] == "smol");  // -a over LLAMA_ARG_ALIAS
     // Each inapplicable flag leaves one line saying what it means here.
     std::string log = s.log();
-    for (const char* note : {"-ngl: this is a CPU build", "-fa: attention always runs fused", "--offline: always offline", "--jinja: ",
+    for (const char* note : {"-ngl: this is a CPU build", "-fa: attention always runs fused", "--offline: always offline",
                              "--threads-http: one thread per connection", "--no-mmproj: no multimodal input", "--cache-reuse: "}) {
         CHECK_MESSAGE(log.find(note) != std::string::npos, note);
     }
@@ -997,4 +997,16 @@ TEST_CASE("server: the openai Python package, several model names") {
     CHECK_MESSAGE(rc == 0, out);
     CHECK(out.rfind("ok ", 0) == 0);
     MESSAGE("openai client: " << out);
+}
+
+TEST_CASE("server: tool calling with the openai Python package (SmolLM2 with Qwen 2.5's Jinja template)") {
+    REQUIRE_MESSAGE(testutil::run("python3 -c 'import openai' 2>/dev/null") == 0, "the openai package is missing: run scripts/setup");
+    ServerProcess s(server_cmd({"-np", "1", "-c", "1024", "--chat-template-file",
+                                testutil::shared_dir() + "/chat/jinja/templates/Qwen-Qwen2.5-7B-Instruct.jinja"}));
+    CHECK(s.log().find("tool calls: hermes") != std::string::npos);
+    std::string out;
+    int rc = testutil::run("python3 tests/openai_tools.py " + std::to_string(s.port) + " 2>&1", &out);
+    CHECK_MESSAGE(rc == 0, out);
+    CHECK(out.find("ok ") != std::string::npos);
+    MESSAGE(out);
 }
