@@ -43,6 +43,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace llm {
@@ -501,9 +502,9 @@ private:
     ChatParsed sent_;
 };
 
-// The end-of-thinking text to force when a reasoning budget runs out, for a prompt or template
-// ("</think>" for most families), or "" if the template has no thinking block.
-std::string chat_thinking_end_tag(const std::string& jinja_template);
+// The thinking block's tags a template writes ({"<think>", "</think>"} for most families; the end
+// tag is what a reasoning budget forces), or {"", ""} if it has none.
+std::pair<std::string, std::string> chat_thinking_tags(const std::string& jinja_template);
 // Whether a rendered prompt ends inside an open thinking block (the template opened it).
 bool chat_prompt_opens_thinking(const std::string& prompt);
 
@@ -6337,11 +6338,14 @@ inline std::string erase_all(std::string s, const std::string& old) {
     return s;
 }
 
-// Hugging Face's `tojson` of a string: json.dumps(s, ensure_ascii=False).
-inline std::string json_quote(const std::string& s) {
-    std::string out = "\"";
-    for (unsigned char c : s) {
-        switch (c) {
+// Python's json.dumps(s, ensure_ascii=...) of a string, appended to out.
+inline void json_append_string(std::string& out, const std::string& s, bool ensure_ascii) {
+    out += '"';
+    char buf[16];
+    for (size_t off = 0; off < s.size();) {
+        const size_t start = off;
+        const uint32_t cp = tokenizer_impl::utf8_decode(s, off);
+        switch (cp) {
         case '"': out += "\\\""; break;
         case '\\': out += "\\\\"; break;
         case '\n': out += "\\n"; break;
@@ -6350,16 +6354,26 @@ inline std::string json_quote(const std::string& s) {
         case '\b': out += "\\b"; break;
         case '\f': out += "\\f"; break;
         default:
-            if (c < 0x20) {
-                char buf[8];
-                snprintf(buf, sizeof buf, "\\u%04x", c);
+            if (cp < 0x20 || (ensure_ascii && cp >= 0x7f)) {
+                if (cp >= 0x10000) {
+                    snprintf(buf, sizeof buf, "\\u%04x\\u%04x", 0xd800 + ((cp - 0x10000) >> 10), 0xdc00 + ((cp - 0x10000) & 0x3ff));
+                } else {
+                    snprintf(buf, sizeof buf, "\\u%04x", cp);
+                }
                 out += buf;
             } else {
-                out += (char)c;
+                out.append(s, start, off - start);
             }
         }
     }
-    return out + "\"";
+    out += '"';
+}
+
+// Hugging Face's `tojson` of a string: json.dumps(s, ensure_ascii=False).
+inline std::string json_quote(const std::string& s) {
+    std::string out;
+    json_append_string(out, s, false);
+    return out;
 }
 
 [[noreturn]] inline void template_error(const std::string& msg) { throw Error(msg); }
@@ -6771,6 +6785,7 @@ using chat_detail::py_lstrip;
 using chat_detail::py_rstrip;
 using chat_detail::starts_with;
 using chat_detail::ends_with;
+using chat_detail::json_append_string;
 
 constexpr int kMaxNesting = 128;         // lists/dicts inside each other
 constexpr size_t kMaxItems = 1u << 20;   // elements of one list/dict, range() included
@@ -7130,36 +7145,6 @@ struct JsonStyle {
     std::string item_separator = ", ", key_separator = ": ";
     bool sort_keys = false;
 };
-
-inline void json_append_string(std::string& out, const std::string& s, bool ensure_ascii) {
-    out += '"';
-    char buf[16];
-    for (size_t off = 0; off < s.size();) {
-        const size_t start = off;
-        const uint32_t cp = tokenizer_impl::utf8_decode(s, off);
-        switch (cp) {
-        case '"': out += "\\\""; break;
-        case '\\': out += "\\\\"; break;
-        case '\n': out += "\\n"; break;
-        case '\r': out += "\\r"; break;
-        case '\t': out += "\\t"; break;
-        case '\b': out += "\\b"; break;
-        case '\f': out += "\\f"; break;
-        default:
-            if (cp < 0x20 || (ensure_ascii && cp >= 0x7f)) {
-                if (cp >= 0x10000) {
-                    snprintf(buf, sizeof buf, "\\u%04x\\u%04x", 0xd800 + ((cp - 0x10000) >> 10), 0xdc00 + ((cp - 0x10000) & 0x3ff));
-                } else {
-                    snprintf(buf, sizeof buf, "\\u%04x", cp);
-                }
-                out += buf;
-            } else {
-                out.append(s, start, off - start);
-            }
-        }
-    }
-    out += '"';
-}
 
 // A dict key as json.dumps writes it (keys must be str, int, float, bool or None).
 inline std::string json_key(const Value& k) {
@@ -8064,22 +8049,21 @@ private:
         return b;
     }
 
-    ExprPtr parse_or() {
-        ExprPtr e = parse_and();
-        while (is_name("or")) {
+    // One left-associative level: operands from `operand` joined by any of `ops` (symbols or keywords).
+    template <class Operand>
+    ExprPtr parse_left_assoc(Operand operand, std::initializer_list<const char*> ops) {
+        ExprPtr e = operand();
+        while (true) {
+            const char* hit = nullptr;
+            for (const char* op : ops)
+                if (is_op(op) || is_name(op)) hit = op;
+            if (!hit) return e;
             const int line = next().line;
-            e = binary("or", std::move(e), parse_and(), line);
+            e = binary(hit, std::move(e), operand(), line);
         }
-        return e;
     }
-    ExprPtr parse_and() {
-        ExprPtr e = parse_not();
-        while (is_name("and")) {
-            const int line = next().line;
-            e = binary("and", std::move(e), parse_not(), line);
-        }
-        return e;
-    }
+    ExprPtr parse_or() { return parse_left_assoc([this] { return parse_and(); }, {"or"}); }
+    ExprPtr parse_and() { return parse_left_assoc([this] { return parse_not(); }, {"and"}); }
     ExprPtr parse_not() {
         if (is_name("not")) {
             DepthGuard guard(*this);
@@ -8117,38 +8101,10 @@ private:
         }
         return chain ? std::move(chain) : std::move(e);
     }
-    ExprPtr parse_math1() {
-        ExprPtr e = parse_concat();
-        while (is_op("+") || is_op("-")) {
-            const Token& op = next();
-            e = binary(op.text, std::move(e), parse_concat(), op.line);
-        }
-        return e;
-    }
-    ExprPtr parse_concat() {
-        ExprPtr e = parse_math2();
-        while (is_op("~")) {
-            const int line = next().line;
-            e = binary("~", std::move(e), parse_math2(), line);
-        }
-        return e;
-    }
-    ExprPtr parse_math2() {
-        ExprPtr e = parse_pow();
-        while (is_op("*") || is_op("/") || is_op("//") || is_op("%")) {
-            const Token& op = next();
-            e = binary(op.text, std::move(e), parse_pow(), op.line);
-        }
-        return e;
-    }
-    ExprPtr parse_pow() {
-        ExprPtr e = parse_unary(true);
-        while (is_op("**")) {
-            const int line = next().line;
-            e = binary("**", std::move(e), parse_unary(true), line);
-        }
-        return e;
-    }
+    ExprPtr parse_math1() { return parse_left_assoc([this] { return parse_concat(); }, {"+", "-"}); }
+    ExprPtr parse_concat() { return parse_left_assoc([this] { return parse_math2(); }, {"~"}); }
+    ExprPtr parse_math2() { return parse_left_assoc([this] { return parse_pow(); }, {"*", "/", "//", "%"}); }
+    ExprPtr parse_pow() { return parse_left_assoc([this] { return parse_unary(true); }, {"**"}); }
     ExprPtr parse_unary(bool with_filter) {
         DepthGuard guard(*this);
         ExprPtr e;
@@ -9969,6 +9925,28 @@ struct Parse {
         return true;
     }
 
+    // Calls from a JSON array of call objects, pos just after its '['; true once the ']' is passed.
+    bool call_array(size_t& pos, std::initializer_list<const char*> name_keys, std::initializer_list<const char*> args_keys,
+                    std::initializer_list<const char*> id_keys) {
+        while (!stop) {
+            pos = skip_space(s, pos);
+            if (pos >= s.size()) {
+                stop = partial;
+                return false;
+            }
+            if (s[pos] == ']') {
+                pos++;
+                return true;
+            }
+            if (s[pos] == ',') {
+                pos++;
+                continue;
+            }
+            if (s[pos] != '{' || !call_from_object(pos, name_keys, args_keys, id_keys)) return false;
+        }
+        return false;
+    }
+
     // JSON arguments at pos (after spaces), complete or a growing prefix; false if the text ended.
     bool json_arguments(size_t& pos, std::string& args) {
         const size_t start = skip_space(s, pos);
@@ -10085,7 +10063,7 @@ inline void parse_xml_calls(Parse& p, size_t pos, bool glm) {
                 if (glm && !p.take(pos, "<arg_value>")) break;
                 if (!p.text_until(pos, glm ? "</arg_value>" : "</parameter>", value)) break;
                 std::string member;
-                jinja_detail::json_append_string(member, key, false);
+                chat_detail::json_append_string(member, key, false);
                 args += (args.size() > 1 ? ", " : "") + member + ": " + parameter_json(value);
                 continue;
             }
@@ -10133,7 +10111,7 @@ inline bool python_call_arguments(const std::string& call, std::string& args) {
             if (lit == "True" || lit == "False") lit = lit == "True" ? "true" : "false";
             if (!parse_json_quietly(lit, value)) value = jinja_detail::string_value(lit);
         }
-        jinja_detail::json_append_string(member, key, false);
+        chat_detail::json_append_string(member, key, false);
         std::string json;
         jinja_detail::json_dump(json, value, jinja_detail::JsonStyle{}, 0, SIZE_MAX);
         args += (args.size() > 1 ? ", " : "") + member + ": " + json;
@@ -10166,7 +10144,7 @@ inline void parse_python_tag(Parse& p, size_t pos) {
         return;
     }
     std::string code;
-    jinja_detail::json_append_string(code, body, false);
+    chat_detail::json_append_string(code, body, false);
     p.add_call("", "python", "{\"code\": " + code + "}");
 }
 
@@ -10198,23 +10176,7 @@ inline void parse_mistral(Parse& p, size_t pos) {
             return;
         }
         if (p.s[pos] == '[') {  // [{"name": ..., "arguments": {...}, "id": ...}, ...]
-            pos++;
-            while (!p.stop) {
-                pos = skip_space(p.s, pos);
-                if (pos >= p.s.size()) {
-                    p.stop = p.partial;
-                    return;
-                }
-                if (p.s[pos] == ']') {
-                    pos++;
-                    break;
-                }
-                if (p.s[pos] == ',') {
-                    pos++;
-                    continue;
-                }
-                if (p.s[pos] != '{' || !p.call_from_object(pos, {"name"}, {"arguments", "parameters"}, {"id"})) return;
-            }
+            if (!p.call_array(++pos, {"name"}, {"arguments", "parameters"}, {"id"})) return;
             continue;
         }
         std::string name, args;  // name[ARGS]{...}
@@ -10306,24 +10268,8 @@ inline void parse_command_r7b(Parse& p, size_t pos) {
             continue;
         }
         pos = skip_space(p.s, pos + std::strlen("<|START_ACTION|>"));
-        if (!p.take(pos, "[")) return;
-        while (!p.stop) {
-            pos = skip_space(p.s, pos);
-            if (pos >= p.s.size()) {
-                p.stop = p.partial;
-                return;
-            }
-            if (p.s[pos] == ']') {
-                pos++;
-                break;
-            }
-            if (p.s[pos] == ',') {
-                pos++;
-                continue;
-            }
-            if (p.s[pos] != '{' || !p.call_from_object(pos, {"tool_name"}, {"parameters"}, {"tool_call_id"})) return;
-        }
-        if (!p.stop) p.take(pos, "<|END_ACTION|>");
+        if (!p.take(pos, "[") || !p.call_array(pos, {"tool_name"}, {"parameters"}, {"tool_call_id"})) return;
+        p.take(pos, "<|END_ACTION|>");
     }
 }
 
@@ -10516,10 +10462,10 @@ ChatDelta ChatOutputParser::push(const std::string& text) {
 }
 ChatDelta ChatOutputParser::finish() { return advance(false); }
 
-std::string chat_thinking_end_tag(const std::string& t) {
+std::pair<std::string, std::string> chat_thinking_tags(const std::string& t) {
     for (auto& tags : toolcall_detail::kThinkTags)
-        if (t.find(tags.close) != std::string::npos) return tags.close;
-    return "";
+        if (t.find(tags.close) != std::string::npos) return {tags.open, tags.close};
+    return {"", ""};
 }
 
 bool chat_prompt_opens_thinking(const std::string& prompt) {

@@ -165,6 +165,7 @@ Api::Api(const Options& o) : o_(o), created_((int64_t)time(nullptr)) {
         }
         if (!default_kwargs_.is_object()) usage_error("--chat-template-kwargs must be a JSON object");
     }
+    if (o.srv.reasoning != "auto" && !default_kwargs_.contains("enable_thinking")) default_kwargs_["enable_thinking"] = o.srv.reasoning == "on";
 }
 
 void Api::attach(const llm::Model& model, Scheduler& sched, const ChatTemplate& chat, int n_ctx_total) {
@@ -525,7 +526,8 @@ json Api::oai_base(const Generation& g, const char* object) const {
 // The whole answer of a non-streamed request: /completion's object (an array for several prompts),
 // or OpenAI's with one choice per prompt.
 // How a chat's output is parsed: the template's tool-call syntax when tools are offered, reasoning
-// per --reasoning-format, and whether the prompt left a thinking block open.
+// per --reasoning-format, and whether the prompt left a thinking block open; --reasoning-budget's
+// thinking tags for the scheduler.
 void Api::chat_parse_options(const json& b, const std::string& prompt, Generation& g) const {
     const json* tools = opt_field(b, "tools");
     if (tools && !tools->is_array()) bad_field("tools", "an array of tools");
@@ -535,6 +537,14 @@ void Api::chat_parse_options(const json& b, const std::string& prompt, Generatio
     g.parse.extract_reasoning = o_.srv.reasoning_format != "none";
     g.parse.thinking_open = g.parse.extract_reasoning && llm::chat_prompt_opens_thinking(prompt);
     g.parallel_tool_calls = get_bool(b, "parallel_tool_calls", true);
+    const auto tags = llm::chat_thinking_tags(chat_.source);
+    if (o_.srv.reasoning_budget >= 0 && !tags.second.empty()) {
+        g.p.reasoning_budget = o_.srv.reasoning_budget;
+        g.p.thinking_open = llm::chat_prompt_opens_thinking(prompt);
+        g.p.think_open = tags.first;
+        g.p.think_end = tags.second;
+        g.p.think_end_tokens = model_->vocab.tokenize(tags.second, false, true);
+    }
 }
 
 namespace {

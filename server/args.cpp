@@ -405,10 +405,19 @@ const std::vector<Flag>& flags() {
                  usage_error("--reasoning-format must be none, deepseek or auto");
              o.srv.reasoning_format = a.value;
          }},
-        {{"-rea", "--reasoning"}, {}, "LLAMA_ARG_REASONING", "[on|off|auto]", G::Server, "reasoning in the chat",
-         note("use chat_template_kwargs.enable_thinking per request (ignored)")},
+        {{"-rea", "--reasoning"}, {}, "LLAMA_ARG_REASONING", "[on|off|auto]", G::Server,
+         "thinking of reasoning models: on / off set the default chat_template_kwargs.enable_thinking, auto (default) leaves it to the template",
+         [](Options& o, const Arg& a) {
+             if (a.value != "on" && a.value != "off" && a.value != "auto") usage_error("--reasoning must be on, off or auto");
+             o.srv.reasoning = a.value;
+         }},
         {{"--reasoning-effort"}, {}, "LLAMA_ARG_REASONING_EFFORT", "LEVEL", G::Server, "reasoning effort", note("ignored")},
-        {{"--reasoning-budget"}, {}, "LLAMA_ARG_THINK_BUDGET", "N", G::Server, "token budget for thinking", note("no thinking budget (ignored)")},
+        {{"--reasoning-budget"}, {}, "LLAMA_ARG_THINK_BUDGET", "N", G::Server,
+         "thinking tokens before the template's end-of-thinking tag is forced (-1: unlimited (default), 0: no thinking)",
+         [](Options& o, const Arg& a) {
+             o.srv.reasoning_budget = a.to_int();
+             if (o.srv.reasoning_budget < -1) usage_error("--reasoning-budget must be -1 or more");
+         }},
         {{"--reasoning-budget-message"}, {}, "LLAMA_ARG_THINK_BUDGET_MESSAGE", "MESSAGE", G::Server, "message at the end of the budget", note("no thinking budget (ignored)")},
         {{"--reasoning-preserve"}, {"--no-reasoning-preserve"}, "LLAMA_ARG_REASONING_PRESERVE", nullptr, G::Server, "preserve reasoning in the history", note("ignored")},
         {{"--chat-template"}, {}, "LLAMA_ARG_CHAT_TEMPLATE", "JINJA_TEMPLATE", G::Server,

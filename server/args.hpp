@@ -22,6 +22,8 @@ struct ServerOptions {
     bool metrics = false, props_post = false, slots = true, webui = true;
     bool jinja = true;                     // render the Jinja template itself (--no-jinja: the family's renderer)
     std::string reasoning_format = "auto"; // none: thinking stays in content; deepseek / auto: reasoning_content
+    int reasoning_budget = -1;             // thinking tokens before the end tag is forced (-1: unlimited)
+    std::string reasoning = "auto";        // --reasoning on|off: the default enable_thinking
 };
 
 struct Options {

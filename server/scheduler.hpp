@@ -46,6 +46,13 @@ struct TaskParams {
     bool return_progress = false;      // Progress results while the prompt is evaluated
     bool post_sampling_probs = false;  // n_probs as probabilities after the sampler (shaping only)
     std::vector<std::string> stop;
+    // --reasoning-budget: after this many tokens of thinking, think_end is forced (-1: unlimited,
+    // 0: at once). thinking_open: the prompt opened the thinking block; else it opens when the
+    // output starts with think_open.
+    int reasoning_budget = -1;
+    bool thinking_open = false;
+    std::string think_open, think_end;
+    std::vector<int32_t> think_end_tokens;
     llm::SamplerParams sampling;
 };
 
@@ -107,6 +114,9 @@ struct Slot {
     double t_start = 0, t_first = 0;
     std::string stop_type = "none", stopping_word;
     bool truncated = false;
+    enum class Thinking { Before, Inside, Over } thinking = Thinking::Over;  // the reasoning budget's view
+    int n_thinking = 0;                                                     // tokens generated inside
+    std::deque<int32_t> forced;                                             // tokens to emit instead of sampling
     size_t pending() const { return target.size() - cache.size(); }
 };
 
@@ -179,6 +189,7 @@ private:
     void start_task(Slot& s, std::unique_ptr<Task> t);
     bool step(llm::Batch& batch);
     void on_logits(Slot& s, const float* logits);
+    void budget_thinking(Slot& s);
     void emit_partial(Slot& s);
     void finish(Slot& s, const std::string& stop_type);
     void fail_slot(Slot& s, int status, const std::string& msg);

@@ -6,29 +6,25 @@
 #include <doctest/doctest.h>
 #include <nlohmann/json.hpp>
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <set>
 #include <sstream>
 
 #include "../llm.hpp"
+#include "util.hpp"
 
 using ojson = nlohmann::ordered_json;  // member order matters: templates print tools as given
 
 namespace {
 
-std::string shared_dir() {
-    const char* env = std::getenv("LLM_SHARED");
-    return env && *env ? env : "../shared";
-}
-
-std::string read_text(const std::string& path) {
-    std::ifstream f(path, std::ios::binary);
-    REQUIRE_MESSAGE(f.good(), "cannot open " << path);
-    std::stringstream ss;
-    ss << f.rdbuf();
-    return ss.str();
-}
+using testutil::read_file;
+using testutil::shared_dir;
 
 constexpr int64_t kCorpusNow = 1795910400;  // 2026-11-29 00:00:00 UTC, the corpus' strftime_now
 
@@ -39,7 +35,7 @@ struct CorpusResult {
 // Renders every case of a cases.json through chat_apply_template; `exact_errors` also compares the
 // error text with the template's own message.
 CorpusResult run_corpus(const std::string& dir, bool exact_errors) {
-    const ojson data = ojson::parse(read_text(dir + "/cases.json"));
+    const ojson data = ojson::parse(read_file(dir + "/cases.json"));
     std::map<std::string, ojson> conversations;
     for (auto& c : data.at("conversations")) conversations[c.at("name")] = c;
     std::map<std::string, std::unique_ptr<llm::JinjaTemplate>> templates;
@@ -49,7 +45,7 @@ CorpusResult run_corpus(const std::string& dir, bool exact_errors) {
         CAPTURE(tpl);
         CAPTURE(conv);
         CAPTURE(c.at("add_generation_prompt"));
-        if (!templates.count(tpl)) templates[tpl] = std::make_unique<llm::JinjaTemplate>(read_text(dir + "/templates/" + tpl));
+        if (!templates.count(tpl)) templates[tpl] = std::make_unique<llm::JinjaTemplate>(read_file(dir + "/templates/" + tpl));
         const ojson& cv = conversations.at(conv);
         ojson req = {{"messages", cv.at("messages")}, {"add_generation_prompt", c.at("add_generation_prompt")},
                      {"bos_token", c.at("bos_token")}, {"eos_token", c.at("eos_token")}};
@@ -202,4 +198,49 @@ TEST_CASE("jinja: hostile templates fail with a clear error in bounded time") {
     small.max_output = 10;
     CHECK_THROWS_AS(llm::JinjaTemplate("{{ 'x' * 11 }}").render("{}", 0, small), llm::Error);
     CHECK(llm::JinjaTemplate("{{ 'x' * 10 }}").render("{}", 0, small) == "xxxxxxxxxx");
+}
+
+TEST_CASE("jinja: llm-server --render-chat prints each corpus template's prompt byte for byte; errors are one line, status 1") {
+    const std::string dir = shared_dir() + "/chat/jinja";
+    const ojson data = ojson::parse(read_file(dir + "/cases.json"));
+    std::map<std::string, ojson> conversations;
+    for (auto& c : data.at("conversations")) conversations[c.at("name")] = c;
+    char tmpl[] = "/tmp/llm-render-XXXXXX";
+    REQUIRE(mkdtemp(tmpl));
+    const std::string req_file = std::string(tmpl) + "/request.json", err_file = std::string(tmpl) + "/stderr";
+    std::set<std::string> rendered, failed;  // a successful and a failing case of each template
+    for (auto& c : data.at("cases")) {
+        const std::string tpl = c.at("template");
+        const bool is_error = c.contains("error");
+        if ((is_error ? failed : rendered).count(tpl)) continue;
+        const std::string source = read_file(dir + "/templates/" + tpl);
+        if (source.find("strftime_now") != std::string::npos) continue;  // prints today's date
+        CAPTURE(tpl);
+        const ojson& cv = conversations.at(c.at("conversation"));
+        ojson req = {{"messages", cv.at("messages")}, {"add_generation_prompt", c.at("add_generation_prompt")},
+                     {"bos_token", c.at("bos_token")}, {"eos_token", c.at("eos_token")}, {"chat_template_kwargs", c.at("kwargs")}};
+        if (cv.contains("tools")) req["tools"] = cv.at("tools");
+        std::ofstream(req_file, std::ios::binary) << req.dump();
+        std::string out;
+        const int rc = testutil::run("./llm-server --chat-template-file '" + dir + "/templates/" + tpl + "' --render-chat " + req_file + " 2>" + err_file, &out);
+        const std::string err = read_file(err_file);
+        if (is_error) {
+            CHECK(rc == 1);
+            CHECK(out.empty());
+            CHECK(err.rfind("error: ", 0) == 0);
+            CHECK(std::count(err.begin(), err.end(), '\n') == 1);
+            failed.insert(tpl);
+        } else {
+            CHECK(rc == 0);
+            CHECK(err.empty());
+            CHECK(out == c.at("expected").get<std::string>());
+            rendered.insert(tpl);
+        }
+    }
+    MESSAGE("--render-chat: " << rendered.size() << " templates rendered, " << failed.size() << " failing as they should");
+    CHECK(rendered.size() == 33);  // the 34 templates that do not print today's date, one with only error cases here
+    CHECK(failed.size() == 27);
+    std::remove(req_file.c_str());
+    std::remove(err_file.c_str());
+    rmdir(tmpl);
 }

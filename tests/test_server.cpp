@@ -1010,3 +1010,35 @@ TEST_CASE("server: tool calling with the openai Python package (SmolLM2 with Qwe
     CHECK(out.find("ok ") != std::string::npos);
     MESSAGE(out);
 }
+
+TEST_CASE("server: --reasoning-budget ends the thinking after exactly N tokens; reasoning_content is split off") {
+    ServerProcess s(server_cmd({"-np", "1", "-c", "512", "--reasoning-budget", "5", "--chat-template-file",
+                                testutil::shared_dir() + "/chat/jinja/templates/Qwen3.5-4B.jinja"}));
+    const json messages = json::array({{{"role", "user"}, {"content", "What is the capital of France?"}}});
+    Reply t = post(s.port, "/apply-template", {{"messages", messages}});
+    REQUIRE(t.status == 200);
+    const std::string prompt = t.body["prompt"];
+    REQUIRE(prompt.size() > 8);
+    CHECK(prompt.substr(prompt.size() - 8) == "<think>\n");  // the template opens the thinking block
+    // The first 5 greedy tokens after the prompt: what the budget lets the model think.
+    Reply five = post(s.port, "/completion", {{"prompt", prompt}, {"n_predict", 5}, {"temperature", 0}});
+    REQUIRE(five.status == 200);
+    const std::string thought = five.body["content"];
+    REQUIRE(thought.find("</think>") == std::string::npos);
+    Reply r = post(s.port, "/v1/chat/completions", {{"messages", messages}, {"max_tokens", 16}, {"temperature", 0}});
+    REQUIRE(r.status == 200);
+    const json& m = r.body["choices"][0]["message"];
+    auto trim = [](std::string x) {
+        x.erase(0, x.find_first_not_of(" \n"));
+        x.erase(x.find_last_not_of(" \n") + 1);
+        return x;
+    };
+    CHECK(m["reasoning_content"] == trim(thought));
+    CHECK(m["content"].is_string());
+    CHECK(r.body["usage"]["completion_tokens"].get<int>() > 5);
+    // chat_template_kwargs reach the template: enable_thinking false closes the block in the prompt
+    Reply off = post(s.port, "/apply-template", {{"messages", messages}, {"chat_template_kwargs", {{"enable_thinking", false}}}});
+    REQUIRE(off.status == 200);
+    const std::string closed = off.body["prompt"];
+    CHECK(closed.substr(closed.size() - 19) == "<think>\n\n</think>\n\n");
+}

@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include "../llm.hpp"
+#include "util.hpp"
 
 namespace {
 
@@ -176,16 +177,8 @@ TEST_CASE("tool calls: a stream reveals a call's name before its arguments end")
 }
 
 TEST_CASE("tool calls: formats are detected from the corpus templates and named") {
-    const std::string dir = std::string(std::getenv("LLM_SHARED") && *std::getenv("LLM_SHARED") ? std::getenv("LLM_SHARED") : "../shared") +
-                            "/chat/jinja/templates/";
-    auto detect = [&](const char* file) {
-        FILE* f = std::fopen((dir + file).c_str(), "rb");
-        REQUIRE_MESSAGE(f, "cannot open " << file);
-        std::string s;
-        char buf[4096];
-        for (size_t n; (n = std::fread(buf, 1, sizeof buf, f)) > 0;) s.append(buf, n);
-        std::fclose(f);
-        return llm::chat_detect_tool_call_format(s);
+    auto detect = [](const char* file) {
+        return llm::chat_detect_tool_call_format(testutil::read_file(testutil::shared_dir() + "/chat/jinja/templates/" + file));
     };
     const std::pair<const char*, F> want[] = {
         {"Qwen-Qwen2.5-7B-Instruct.jinja", F::Hermes},
@@ -212,6 +205,7 @@ TEST_CASE("tool calls: formats are detected from the corpus templates and named"
     CHECK_THROWS_AS(llm::tool_call_format_from_name("nope"), llm::Error);
     CHECK(llm::chat_prompt_opens_thinking("<|im_start|>assistant\n<think>\n"));
     CHECK_FALSE(llm::chat_prompt_opens_thinking("<|im_start|>assistant\n<think>\n\n</think>\n\n"));
-    CHECK(llm::chat_thinking_end_tag("{{ '<think>' }}...{{ '</think>' }}") == "</think>");
-    CHECK(llm::chat_thinking_end_tag("{{ messages }}").empty());
+    CHECK(llm::chat_thinking_tags("{{ '<think>' }}...{{ '</think>' }}") == std::make_pair(std::string("<think>"), std::string("</think>")));
+    CHECK(llm::chat_thinking_tags("{{ '<|START_THINKING|>' }}{{ '<|END_THINKING|>' }}").second == "<|END_THINKING|>");
+    CHECK(llm::chat_thinking_tags("{{ messages }}").second.empty());
 }
