@@ -957,6 +957,10 @@ bool has_api_key(const http::Request& r, const std::vector<std::string>& keys) {
 }  // namespace
 
 void Api::install(http::Server& srv) {
+    // Every path under --api-prefix (default: the root).
+    const std::string prefix = o_.srv.api_prefix;
+    auto route = [&](const char* method, const std::string& path, http::Server::Handler h) { srv.route(method, prefix + path, std::move(h)); };
+    auto is_health = [prefix](const std::string& path) { return path == prefix + "/health" || path == prefix + "/v1/health"; };
     // Errors a handler raises become OpenAI-style error bodies; the server keeps serving.
     auto wrap = [](std::function<void(const http::Request&, http::Response&)> fn) {
         return [fn](const http::Request& req, http::Response& res) {
@@ -977,45 +981,45 @@ void Api::install(http::Server& srv) {
         if (ready_.load()) res.set_json("{\"status\":\"ok\"}");
         else res.set_error(503, "Loading model", "unavailable_error");
     };
-    srv.route("GET", "/health", health);
-    srv.route("GET", "/v1/health", health);
+    route("GET", "/health", health);
+    route("GET", "/v1/health", health);
     auto gen = [&](ApiKind k) { return wrap([this, k](const http::Request& q, http::Response& r) { handle_generate(q, r, k); }); };
-    for (const char* p : {"/completion", "/completions"}) srv.route("POST", p, gen(ApiKind::Completion));
-    srv.route("POST", "/v1/completions", gen(ApiKind::OaiCompletion));
-    for (const char* p : {"/chat/completions", "/v1/chat/completions"}) srv.route("POST", p, gen(ApiKind::OaiChat));
+    for (const char* p : {"/completion", "/completions"}) route("POST", p, gen(ApiKind::Completion));
+    route("POST", "/v1/completions", gen(ApiKind::OaiCompletion));
+    for (const char* p : {"/chat/completions", "/v1/chat/completions"}) route("POST", p, gen(ApiKind::OaiChat));
     for (const char* p : {"/chat/completions/input_tokens", "/v1/chat/completions/input_tokens"}) {
-        srv.route("POST", p, wrap([this](const http::Request& q, http::Response& r) { handle_input_tokens(q, r); }));
+        route("POST", p, wrap([this](const http::Request& q, http::Response& r) { handle_input_tokens(q, r); }));
     }
-    srv.route("POST", "/tokenize", wrap([this](const http::Request& q, http::Response& r) { handle_tokenize(q, r); }));
-    srv.route("POST", "/detokenize", wrap([this](const http::Request& q, http::Response& r) { handle_detokenize(q, r); }));
-    srv.route("POST", "/apply-template", wrap([this](const http::Request& q, http::Response& r) { handle_apply_template(q, r); }));
-    srv.route("GET", "/props", wrap([this](const http::Request&, http::Response& r) { handle_props(r); }));
-    srv.route("POST", "/props", wrap([this](const http::Request& q, http::Response& r) { handle_props_post(q, r); }));
-    srv.route("GET", "/slots", wrap([this](const http::Request& q, http::Response& r) { handle_slots(q, r); }));
+    route("POST", "/tokenize", wrap([this](const http::Request& q, http::Response& r) { handle_tokenize(q, r); }));
+    route("POST", "/detokenize", wrap([this](const http::Request& q, http::Response& r) { handle_detokenize(q, r); }));
+    route("POST", "/apply-template", wrap([this](const http::Request& q, http::Response& r) { handle_apply_template(q, r); }));
+    route("GET", "/props", wrap([this](const http::Request&, http::Response& r) { handle_props(r); }));
+    route("POST", "/props", wrap([this](const http::Request& q, http::Response& r) { handle_props_post(q, r); }));
+    route("GET", "/slots", wrap([this](const http::Request& q, http::Response& r) { handle_slots(q, r); }));
     for (int i = 0; i < o_.n_parallel; i++) {
-        srv.route("POST", "/slots/" + std::to_string(i), wrap([this, i](const http::Request& q, http::Response& r) { handle_slot_action(q, r, i); }));
+        route("POST", "/slots/" + std::to_string(i), wrap([this, i](const http::Request& q, http::Response& r) { handle_slot_action(q, r, i); }));
     }
     // No embedding model is ever loaded here: llama-server's answer without --embeddings.
     for (const char* p : {"/embedding", "/embeddings", "/v1/embeddings"}) {
-        srv.route("POST", p, wrap([](const http::Request&, http::Response&) {
+        route("POST", p, wrap([](const http::Request&, http::Response&) {
             throw ApiError(501, "This server does not support embeddings. Start it with `--embeddings`", "not_supported_error");
         }));
     }
-    srv.route("GET", "/metrics", wrap([this](const http::Request&, http::Response& r) { handle_metrics(r); }));
-    for (const char* p : {"/models", "/v1/models"}) srv.route("GET", p, wrap([this](const http::Request&, http::Response& r) { handle_models(r); }));
+    route("GET", "/metrics", wrap([this](const http::Request&, http::Response& r) { handle_metrics(r); }));
+    for (const char* p : {"/models", "/v1/models"}) route("GET", p, wrap([this](const http::Request&, http::Response& r) { handle_models(r); }));
 
     if (!o_.srv.api_keys.empty()) {
         const std::vector<std::string> keys = o_.srv.api_keys;
-        srv.set_auth([keys](const http::Request& r) { return r.path == "/health" || r.path == "/v1/health" || has_api_key(r, keys); });
+        srv.set_auth([keys, is_health](const http::Request& r) { return is_health(r.path) || has_api_key(r, keys); });
     }
     // While the model loads, everything but /health answers 503.
-    srv.set_pre_route([this](const http::Request& r, http::Response& res) {
-        if (ready_.load() || r.path == "/health" || r.path == "/v1/health") return true;
+    srv.set_pre_route([this, is_health](const http::Request& r, http::Response& res) {
+        if (ready_.load() || is_health(r.path)) return true;
         res.set_error(503, "Loading model", "unavailable_error");
         return false;
     });
-    srv.set_logger([](const http::Request& r, const http::Response& res) {
-        if (res.status == 200 && (r.path == "/health" || r.path == "/v1/health")) return;
+    srv.set_logger([is_health](const http::Request& r, const http::Response& res) {
+        if (res.status == 200 && is_health(r.path)) return;
         log_msg('I', "http: %s:%d %s %s -> %d", r.remote_addr.c_str(), r.remote_port, r.method.c_str(), r.path.c_str(), res.status);
         if (log_enabled('D') && !r.body.empty()) log_msg('D', "http: request body: %.2000s", r.body.c_str());
     });

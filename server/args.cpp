@@ -324,7 +324,8 @@ const std::vector<Flag>& flags() {
              if (a.flag == "-r") o.short_r = a.value;
              else o.reverse_prompts.push_back(a.value);
          }},
-        {{"-sp", "--special"}, {}, nullptr, nullptr, G::Server, "special tokens output", note("special tokens are not printed as text here (ignored)")},
+        {{"-sp", "--special"}, {}, nullptr, nullptr, G::Server, "special tokens output enabled (default: off)",
+         [](Options& o, const Arg&) { o.special = true; }},
         {{"--warmup"}, {"--no-warmup"}, nullptr, nullptr, G::Server, "warm-up decode before reporting healthy (default: on)",
          [](Options& o, const Arg& a) { o.srv.warmup = a.on(); }},
         {{"--spm-infill"}, {}, nullptr, nullptr, G::Server, "Suffix/Prefix/Middle pattern for infill", note("/infill uses the Prefix/Suffix/Middle pattern (ignored)")},
@@ -354,7 +355,11 @@ const std::vector<Flag>& flags() {
          [](Options& o, const Arg& a) { o.srv.port = a.to_int(); }},
         {{"--reuse-port"}, {}, "LLAMA_ARG_REUSE_PORT", nullptr, G::Server, "share the port with other sockets", note("the port is bound once, with SO_REUSEADDR (ignored)")},
         {{"--path"}, {}, "LLAMA_ARG_STATIC_PATH", "PATH", G::Server, "static files to serve", note("no static files are served from disk (ignored)", 'W')},
-        {{"--api-prefix"}, {}, "LLAMA_ARG_API_PREFIX", "PREFIX", G::Server, "prefix path of the API", note("the API is served at the root (ignored)", 'W')},
+        {{"--api-prefix"}, {}, "LLAMA_ARG_API_PREFIX", "PREFIX", G::Server, "path prefix of every endpoint, without the trailing slash (default: none)",
+         [](Options& o, const Arg& a) {
+             if (!a.value.empty() && (a.value[0] != '/' || a.value.back() == '/')) usage_error("--api-prefix must start with '/' and not end with one");
+             o.srv.api_prefix = a.value;
+         }},
         {{"--webui-config", "--ui-config"}, {}, "LLAMA_ARG_UI_CONFIG", "JSON", G::Server, "default web UI settings", note("the web page has no settings (ignored)")},
         {{"--webui-config-file", "--ui-config-file"}, {}, "LLAMA_ARG_UI_CONFIG_FILE", "PATH", G::Server, "default web UI settings file",
          note("the web page has no settings (ignored)")},

@@ -14,7 +14,7 @@ namespace srv {
 
 // Flags of the HTTP server mode.
 struct ServerOptions {
-    std::string host = "127.0.0.1", chat_template, chat_template_file, chat_template_kwargs, slot_save_path;
+    std::string host = "127.0.0.1", chat_template, chat_template_file, chat_template_kwargs, slot_save_path, api_prefix;
     std::vector<std::string> api_keys, aliases, tags;
     int port = 8080, n_ubatch = 512, max_queue = 64, timeout_s = 600, shutdown_grace_s = 10, n_keep = 0;
     int cache_ram_mib = 8192, max_connections = 64;
@@ -35,7 +35,7 @@ struct Options {
     llm::Type type_k = llm::Type::F16, type_v = llm::Type::F16;
     bool tokenize = false, add_special = false, parse_special = false, bench = false, plan = false;
     bool use_mmap = true, mlock = false, repack = true, verbose_prompt = false, moe_per_token = false;
-    bool escape = false, ignore_eos = false;
+    bool escape = false, ignore_eos = false, special = false;  // special: special tokens printed as their text
     std::vector<std::string> reverse_prompts;  // -r outside --bench: stop strings of every request
     std::string short_r;                       // -r's value: --bench repetitions, else a reverse prompt
     int log_verbosity = 3;                     // 1 errors, 2 warnings, 3 info, 4+ debug; -1 nothing
