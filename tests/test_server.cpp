@@ -1041,6 +1041,7 @@ TEST_CASE("server: --reasoning-budget ends the thinking after exactly N tokens; 
     REQUIRE(off.status == 200);
     const std::string closed = off.body["prompt"];
     CHECK(closed.substr(closed.size() - 19) == "<think>\n\n</think>\n\n");
+}
 
 TEST_CASE("server: --api-prefix serves every endpoint under the prefix; -v and --log-file") {
     char tmpl[] = "/tmp/llm-log-XXXXXX";
