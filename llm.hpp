@@ -23,7 +23,9 @@
 //   9. Model quantizer       per-tensor type choice of each mix, the streaming driver
 //  10. Tokenizer             unicode tables, SentencePiece, byte-level BPE with pre-tokenizers, WordPiece,
 //                            specials
-//  11. Chat templates        family detection and byte-exact rendering
+//  11. Chat templates        Jinja interpreter (values and JSON, lexer, parser, evaluation, builtins)
+//                            with transformers' apply_chat_template semantics; tool-call and
+//                            reasoning parsers of generated text; family renderers (fallback)
 //  12. Thread pool           persistent workers, parallel-for
 //  13. Model                 hyperparameters from metadata (read_hparams, shared with the quantizer),
 //                            tensor binding per architecture, load-time
@@ -47,6 +49,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace llm {
@@ -347,9 +350,9 @@ private:
 };
 
 // ---- Chat templates ------------------------------------------------------------------------
-// ---- Chat templates ------------------------------------------------------------------------
-// A model's `tokenizer.chat_template` is a Jinja program. We do not interpret Jinja: we recognize the
-// common template families from distinctive substrings and render them with hand-written code that
+// A model's `tokenizer.chat_template` is a Jinja program, rendered as is by JinjaTemplate (below).
+// For files without a template (or to force one), the common families are also recognized from
+// distinctive substrings and rendered by hand-written code that
 // produces byte for byte what Hugging Face's apply_chat_template (Jinja2, trim_blocks, lstrip_blocks)
 // produces for plain text system/user/assistant turns (plus simple `tool` turns where the family
 // has them). Errors the template itself raises (e.g. Gemma 2 rejecting the system role) are thrown
@@ -406,6 +409,121 @@ std::string chat_render(ChatFamily f, const std::vector<ChatMessage>& msgs, cons
 std::string chat_render(ChatFamily f, const std::vector<ChatMessage>& msgs, bool add_generation_prompt,
                         const std::string& bos_token, const std::string& eos_token,
                         const std::string& date_string);
+
+// ---- Jinja chat templates ------------------------------------------------------------------
+// A Jinja interpreter with Hugging Face transformers' apply_chat_template semantics: Jinja2's
+// ImmutableSandboxedEnvironment with trim_blocks, lstrip_blocks and loop controls, transformers'
+// tojson (json.dumps: ensure_ascii, indent, separators, sort_keys), raise_exception, strftime_now
+// and the {% generation %} tag. Values keep Python's semantics (a dict prints as its repr, none as
+// None). The limits bound what a hostile template in a GGUF can cost: each failure, the template's
+// own raise_exception included, is an llm::Error raised in bounded time.
+struct JinjaLimits {
+    size_t max_output = 8u << 20;          // bytes of rendered text, and of any one string value
+    uint64_t max_steps = 1'000'000;        // statements, loop iterations, calls, filters and tests run
+    uint64_t max_work_bytes = 256u << 20;  // bytes of strings built, in total
+    int max_call_depth = 100;              // macro calls nested in each other
+};
+
+class JinjaTemplate {
+public:
+    explicit JinjaTemplate(const std::string& source);  // parses; a syntax error throws Error("template line N: ...")
+
+    // Renders with the members of a JSON object as the variables. `now` is the time strftime_now
+    // formats, as Unix seconds shown in UTC; -1 reads the clock (local time, as transformers does).
+    std::string render(const std::string& variables_json, int64_t now = -1, const JinjaLimits& limits = {}) const;
+
+    struct Program;
+
+private:
+    std::shared_ptr<const Program> program_;
+    friend std::string chat_apply_template(const JinjaTemplate&, const std::string&, int64_t, const JinjaLimits&);
+};
+
+// transformers' apply_chat_template(tokenize=False) for a request given as JSON text:
+// {"messages", "tools", "add_generation_prompt", "chat_template_kwargs", "bos_token", "eos_token"}
+// (all but "messages" optional). Messages are preprocessed as transformers does (null members
+// dropped; reasoning_content / thinking / reasoning given as both `thinking` and
+// `reasoning_content`); the template sees messages, tools (none if absent), documents (none),
+// add_generation_prompt, bos_token, eos_token and each chat_template_kwargs member.
+std::string chat_apply_template(const JinjaTemplate& tpl, const std::string& request_json, int64_t now = -1,
+                                const JinjaLimits& limits = {});
+
+// ---- Tool calls and reasoning in generated text ----------------------------------------------
+// Splits a model's output into content, reasoning_content and OpenAI-style tool calls, for the
+// tool-call syntax of each family. Streaming: ChatOutputParser takes the text as it is generated and
+// returns what became certain since the last call; text that may still turn into a tool-call or
+// reasoning marker is held back until it is decided.
+enum class ToolCallFormat {
+    None,            // no tool calls: everything is content
+    Hermes,          // <tool_call>{"name": ..., "arguments": {...}}</tool_call> (Hermes 2 Pro, Qwen 2.5/3)
+    Llama3,          // {"name": ..., "parameters": {...}} alone, or <|python_tag|> (Llama 3.1-3.3)
+    Mistral,         // [TOOL_CALLS][{"name", "arguments", "id"}] or [TOOL_CALLS]name[ARGS]{...}
+    DeepSeek,        // <｜tool▁call▁begin｜>[function<｜tool▁sep｜>]name...<｜tool▁call▁end｜> (R1, V3, V3.1)
+    FunctionaryV31,  // <function=name>{...}</function>, <|python_tag|>code (Functionary v3.1)
+    FunctionaryV32,  // >>>name\n{...} or >>>all\ntext (Functionary v3.2; the prompt opens the first >>>)
+    CommandR7B,      // <|START_ACTION|>[{"tool_call_id", "tool_name", "parameters"}]<|END_ACTION|>
+    GptOss,          // harmony: <|channel|>commentary to=functions.name ... <|message|>{...}<|call|>
+    KimiK2,          // <|tool_call_begin|>functions.name:0<|tool_call_argument_begin|>{...}<|tool_call_end|>
+    Glm,             // <tool_call>name<arg_key>k</arg_key><arg_value>v</arg_value></tool_call> (GLM 4.5/4.6)
+    Qwen3Coder,      // <tool_call><function=name><parameter=k>v</parameter></function></tool_call>
+};
+
+const char* tool_call_format_name(ToolCallFormat f);
+ToolCallFormat tool_call_format_from_name(const std::string& name);  // throws Error
+ToolCallFormat chat_detect_tool_call_format(const std::string& jinja_template);
+
+struct ChatToolCall {
+    std::string id;         // as the model wrote it (Mistral, Kimi, Command R7B), else ""
+    std::string name;
+    std::string arguments;  // JSON text, as generated (parameters of XML formats built into an object)
+};
+
+struct ChatParsed {
+    std::string content, reasoning_content;
+    std::vector<ChatToolCall> tool_calls;
+};
+
+// One step of a tool call in a stream, OpenAI's delta shape: the first delta of a call carries its
+// id and name, later ones pieces of the arguments.
+struct ChatToolCallDelta {
+    size_t index = 0;
+    bool first = false;     // id and name are set
+    std::string id, name, arguments;
+};
+struct ChatDelta {
+    std::string content, reasoning_content;
+    std::vector<ChatToolCallDelta> tool_calls;
+    bool empty() const { return content.empty() && reasoning_content.empty() && tool_calls.empty(); }
+};
+
+struct ChatParseOptions {
+    ToolCallFormat format = ToolCallFormat::None;
+    bool extract_reasoning = true;  // false (--reasoning-format none): thinking stays in content
+    bool thinking_open = false;     // the prompt ended inside a thinking block (e.g. "<think>\n")
+};
+
+// Whole output at once (the final result of a non-streamed completion).
+ChatParsed chat_parse_output(const std::string& text, const ChatParseOptions& opt);
+
+class ChatOutputParser {
+public:
+    explicit ChatOutputParser(const ChatParseOptions& opt) : opt_(opt) {}
+    ChatDelta push(const std::string& text);  // newly generated text; returns what is now certain
+    ChatDelta finish();                       // end of generation: the rest, held back text included
+    const ChatParsed& parsed() const { return sent_; }
+
+private:
+    ChatDelta advance(bool partial);
+    ChatParseOptions opt_;
+    std::string text_;
+    ChatParsed sent_;
+};
+
+// The thinking block's tags a template writes ({"<think>", "</think>"} for most families; the end
+// tag is what a reasoning budget forces), or {"", ""} if it has none.
+std::pair<std::string, std::string> chat_thinking_tags(const std::string& jinja_template);
+// Whether a rendered prompt ends inside an open thinking block (the template opened it).
+bool chat_prompt_opens_thinking(const std::string& prompt);
 
 // ---- Model ---------------------------------------------------------------------------------
 enum class Arch { Llama, Qwen2, Qwen3, Gemma3, Qwen3Moe, Deepseek2, Bert };
@@ -778,6 +896,8 @@ void moe_route(const HParams& hp, const float* router_logits, const float* selec
 #include <cstdarg>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
+#include <cctype>
 #include <functional>
 #include <mutex>
 #include <random>
@@ -7126,9 +7246,13 @@ const std::string& Vocab::pre_type() const {
 }
 bool Vocab::has_tokenizer() const { return d_ && d_->kind != tokenizer_impl::Kind::None; }
 // ============================================================================================
-// 11. Chat templates: family detection and per-family rendering (see the API comment).
-// Each renderer follows its Jinja template statement by statement, so the edge cases (where a
-// system turn goes, what is trimmed, when the generation prompt is skipped) match the original.
+// 11. Chat templates (see the API comments):
+//   11a-11h  the Jinja interpreter: values and JSON, lexer, syntax tree, parser, evaluation,
+//            builtins, statements, rendering a chat request
+//   11i      tool calls and reasoning in generated text
+//   then     the family renderers: each follows its Jinja template statement by statement, so the
+//            edge cases (where a system turn goes, what is trimmed, when the generation prompt is
+//            skipped) match the original.
 // ============================================================================================
 
 namespace chat_detail {
@@ -7204,11 +7328,14 @@ inline std::string erase_all(std::string s, const std::string& old) {
     return s;
 }
 
-// Hugging Face's `tojson` of a string: json.dumps(s, ensure_ascii=False).
-inline std::string json_quote(const std::string& s) {
-    std::string out = "\"";
-    for (unsigned char c : s) {
-        switch (c) {
+// Python's json.dumps(s, ensure_ascii=...) of a string, appended to out.
+inline void json_append_string(std::string& out, const std::string& s, bool ensure_ascii) {
+    out += '"';
+    char buf[16];
+    for (size_t off = 0; off < s.size();) {
+        const size_t start = off;
+        const uint32_t cp = tokenizer_impl::utf8_decode(s, off);
+        switch (cp) {
         case '"': out += "\\\""; break;
         case '\\': out += "\\\\"; break;
         case '\n': out += "\\n"; break;
@@ -7217,16 +7344,26 @@ inline std::string json_quote(const std::string& s) {
         case '\b': out += "\\b"; break;
         case '\f': out += "\\f"; break;
         default:
-            if (c < 0x20) {
-                char buf[8];
-                snprintf(buf, sizeof buf, "\\u%04x", c);
+            if (cp < 0x20 || (ensure_ascii && cp >= 0x7f)) {
+                if (cp >= 0x10000) {
+                    snprintf(buf, sizeof buf, "\\u%04x\\u%04x", 0xd800 + ((cp - 0x10000) >> 10), 0xdc00 + ((cp - 0x10000) & 0x3ff));
+                } else {
+                    snprintf(buf, sizeof buf, "\\u%04x", cp);
+                }
                 out += buf;
             } else {
-                out += (char)c;
+                out.append(s, start, off - start);
             }
         }
     }
-    return out + "\"";
+    out += '"';
+}
+
+// Hugging Face's `tojson` of a string: json.dumps(s, ensure_ascii=False).
+inline std::string json_quote(const std::string& s) {
+    std::string out;
+    json_append_string(out, s, false);
+    return out;
 }
 
 [[noreturn]] inline void template_error(const std::string& msg) { throw Error(msg); }
@@ -7623,6 +7760,3710 @@ inline const FamilyName kFamilyNames[] = {
 };
 
 } // namespace chat_detail
+
+// ---- 11a. Jinja values: Python's object model as the templates see it --------------------------
+// Values are immutable once built (the sandbox is Jinja2's immutable one), except namespaces, so
+// lists and dicts are shared. Every container records its nesting depth: JSON input and values a
+// template builds are bounded by kMaxNesting, which bounds every recursive walk (repr, tojson, ==).
+
+namespace jinja_detail {
+
+using chat_detail::space_at;
+using chat_detail::space_before;
+using chat_detail::py_strip;
+using chat_detail::py_lstrip;
+using chat_detail::py_rstrip;
+using chat_detail::starts_with;
+using chat_detail::ends_with;
+using chat_detail::json_append_string;
+
+constexpr int kMaxNesting = 128;         // lists/dicts inside each other
+constexpr size_t kMaxItems = 1u << 20;   // elements of one list/dict, range() included
+
+// A failure inside the template; render() turns it into an Error naming the template line.
+struct Fault {
+    std::string message;
+};
+[[noreturn]] inline void fault(const std::string& message) { throw Fault{message}; }
+
+struct Value;
+using ValueList = std::vector<Value>;
+struct DictData;
+struct Callable;
+
+enum class Kind : uint8_t { Undefined, None, Bool, Int, Float, String, List, Dict, Func };
+enum class SeqKind : uint8_t { List, Tuple, Generator };  // how a List prints (and whether it has a len)
+
+struct Value {
+    Kind kind = Kind::Undefined;
+    SeqKind seq = SeqKind::List;
+    bool boolean = false;
+    bool markup = false;                         // String: a Markup (|safe): `+` escapes plain text joined to it
+    int depth = 0;                               // container nesting (0 for scalars)
+    int64_t integer = 0;
+    double number = 0;
+    std::string text;                            // String; Undefined: why, for the error when used
+    std::shared_ptr<const ValueList> list;
+    std::shared_ptr<DictData> dict;              // shared; only a namespace's items change
+    std::shared_ptr<const Callable> func;
+
+    bool is(Kind k) const { return kind == k; }
+};
+
+struct DictData {
+    std::vector<std::pair<Value, Value>> items;  // insertion order, as Python dicts
+    bool is_namespace = false;
+};
+
+struct CallArgs {
+    std::vector<Value> positional;
+    std::vector<std::pair<std::string, Value>> named;
+};
+
+struct Renderer;
+struct Callable {
+    std::string name;
+    std::function<Value(Renderer&, CallArgs&)> call;
+};
+
+inline Value undefined_value(std::string why) {
+    Value v;
+    v.text = std::move(why);
+    return v;
+}
+inline Value none_value() {
+    Value v;
+    v.kind = Kind::None;
+    return v;
+}
+inline Value bool_value(bool b) {
+    Value v;
+    v.kind = Kind::Bool;
+    v.boolean = b;
+    return v;
+}
+inline Value int_value(int64_t i) {
+    Value v;
+    v.kind = Kind::Int;
+    v.integer = i;
+    return v;
+}
+inline Value float_value(double d) {
+    Value v;
+    v.kind = Kind::Float;
+    v.number = d;
+    return v;
+}
+inline Value string_value(std::string s) {
+    Value v;
+    v.kind = Kind::String;
+    v.text = std::move(s);
+    return v;
+}
+
+// Nesting depth of a new container holding these values; faults past kMaxNesting.
+template <class It, class DepthOf>
+int container_depth(It begin, It end, DepthOf depth_of) {
+    int d = 0;
+    for (It it = begin; it != end; ++it) d = std::max(d, depth_of(*it));
+    if (d + 1 > kMaxNesting) fault("values nested more than " + std::to_string(kMaxNesting) + " deep");
+    return d + 1;
+}
+
+inline Value list_value(ValueList items, SeqKind seq = SeqKind::List) {
+    if (items.size() > kMaxItems) fault("list longer than " + std::to_string(kMaxItems) + " items");
+    Value v;
+    v.kind = Kind::List;
+    v.seq = seq;
+    v.depth = container_depth(items.begin(), items.end(), [](const Value& x) { return x.depth; });
+    v.list = std::make_shared<const ValueList>(std::move(items));
+    return v;
+}
+
+inline Value dict_value(std::vector<std::pair<Value, Value>> items, bool is_namespace = false) {
+    if (items.size() > kMaxItems) fault("dict larger than " + std::to_string(kMaxItems) + " items");
+    Value v;
+    v.kind = Kind::Dict;
+    v.depth = container_depth(items.begin(), items.end(), [](const std::pair<Value, Value>& kv) { return kv.second.depth; });
+    auto d = std::make_shared<DictData>();
+    d->items = std::move(items);
+    d->is_namespace = is_namespace;
+    v.dict = std::move(d);
+    return v;
+}
+
+inline Value func_value(std::string name, std::function<Value(Renderer&, CallArgs&)> call) {
+    Value v;
+    v.kind = Kind::Func;
+    v.func = std::make_shared<const Callable>(Callable{std::move(name), std::move(call)});
+    return v;
+}
+
+// Python's type name, for error messages.
+inline std::string type_name(const Value& v) {
+    switch (v.kind) {
+    case Kind::Undefined: return "Undefined";
+    case Kind::None: return "NoneType";
+    case Kind::Bool: return "bool";
+    case Kind::Int: return "int";
+    case Kind::Float: return "float";
+    case Kind::String: return "str";
+    case Kind::List: return v.seq == SeqKind::Generator ? "generator" : v.seq == SeqKind::Tuple ? "tuple" : "list";
+    case Kind::Dict: return v.dict->is_namespace ? "Namespace" : "dict";
+    case Kind::Func: return "function";
+    }
+    return "object";
+}
+
+// Using an undefined value for anything but printing, testing or iterating raises its reason.
+[[noreturn]] inline void undefined_fault(const Value& v) { fault(v.text.empty() ? "value is undefined" : v.text); }
+
+inline bool is_number(const Value& v) { return v.kind == Kind::Bool || v.kind == Kind::Int || v.kind == Kind::Float; }
+inline bool is_integral(const Value& v) { return v.kind == Kind::Bool || v.kind == Kind::Int; }
+inline int64_t as_int(const Value& v) { return v.kind == Kind::Bool ? (int64_t)v.boolean : v.integer; }
+inline double as_double(const Value& v) { return v.kind == Kind::Float ? v.number : (double)as_int(v); }
+
+inline bool truthy(const Value& v) {
+    switch (v.kind) {
+    case Kind::Undefined:
+    case Kind::None: return false;
+    case Kind::Bool: return v.boolean;
+    case Kind::Int: return v.integer != 0;
+    case Kind::Float: return v.number != 0;
+    case Kind::String: return !v.text.empty();
+    case Kind::List: return v.seq == SeqKind::Generator || !v.list->empty();
+    case Kind::Dict: return v.dict->is_namespace || !v.dict->items.empty();
+    case Kind::Func: return true;
+    }
+    return false;
+}
+
+// Python ==: numbers across int/float/bool, containers element by element.
+inline bool equals(const Value& a, const Value& b) {
+    if (is_number(a) && is_number(b))
+        return is_integral(a) && is_integral(b) ? as_int(a) == as_int(b) : as_double(a) == as_double(b);
+    if (a.kind != b.kind) return false;
+    switch (a.kind) {
+    case Kind::Undefined:
+    case Kind::None: return true;
+    case Kind::String: return a.text == b.text;
+    case Kind::List:
+        if (a.list->size() != b.list->size()) return false;
+        for (size_t i = 0; i < a.list->size(); i++)
+            if (!equals((*a.list)[i], (*b.list)[i])) return false;
+        return true;
+    case Kind::Dict: {
+        if (a.dict == b.dict) return true;
+        if (a.dict->is_namespace || b.dict->is_namespace || a.dict->items.size() != b.dict->items.size()) return false;
+        for (auto& kv : a.dict->items) {
+            bool found = false;
+            for (auto& other : b.dict->items)
+                if (equals(kv.first, other.first)) {
+                    found = equals(kv.second, other.second);
+                    break;
+                }
+            if (!found) return false;
+        }
+        return true;
+    }
+    case Kind::Func: return a.func == b.func;
+    default: return false;
+    }
+}
+
+// Python's <, > ordering: numbers, strings (code point order = UTF-8 byte order), sequences.
+inline int compare(const Value& a, const Value& b, const char* op) {
+    if (is_number(a) && is_number(b)) {
+        if (is_integral(a) && is_integral(b)) return as_int(a) < as_int(b) ? -1 : as_int(a) > as_int(b);
+        return as_double(a) < as_double(b) ? -1 : as_double(a) > as_double(b);
+    }
+    if (a.kind == Kind::String && b.kind == Kind::String) return a.text.compare(b.text) < 0 ? -1 : a.text != b.text;
+    if (a.kind == Kind::List && b.kind == Kind::List) {
+        for (size_t i = 0; i < a.list->size() && i < b.list->size(); i++)
+            if (!equals((*a.list)[i], (*b.list)[i])) return compare((*a.list)[i], (*b.list)[i], op);
+        return a.list->size() < b.list->size() ? -1 : a.list->size() > b.list->size();
+    }
+    if (a.kind == Kind::Undefined) undefined_fault(a);
+    if (b.kind == Kind::Undefined) undefined_fault(b);
+    fault(std::string("TypeError: '") + op + "' not supported between instances of '" + type_name(a) + "' and '" +
+          type_name(b) + "'");
+}
+
+inline const Value* dict_find(const DictData& d, const Value& key) {
+    for (auto& kv : d.items)
+        if (equals(kv.first, key)) return &kv.second;
+    return nullptr;
+}
+inline const Value* dict_find(const DictData& d, const std::string& key) {
+    for (auto& kv : d.items)
+        if (kv.first.kind == Kind::String && kv.first.text == key) return &kv.second;
+    return nullptr;
+}
+
+// ---- Python strings over UTF-8 ------------------------------------------------------------------
+
+// Byte offsets of each code point's start, and s.size() last: indexing and slicing are by code point.
+inline std::vector<size_t> codepoint_offsets(const std::string& s) {
+    std::vector<size_t> off;
+    for (size_t i = 0; i < s.size(); i++)
+        if (((unsigned char)s[i] & 0xC0) != 0x80) off.push_back(i);
+    off.push_back(s.size());
+    return off;
+}
+inline size_t codepoint_count(const std::string& s) {
+    size_t n = 0;
+    for (unsigned char c : s) n += (c & 0xC0) != 0x80;
+    return n;
+}
+
+// Python's repr() of a float: the shortest digits that round-trip, fixed notation for exponents in
+// [-4, 16), else d.ddde+XX.
+inline std::string py_float_repr(double d) {
+    if (std::isnan(d)) return "nan";
+    if (std::isinf(d)) return d < 0 ? "-inf" : "inf";
+    char buf[40];
+    int precision = 1;
+    for (; precision < 17; precision++) {
+        snprintf(buf, sizeof buf, "%.*e", precision - 1, d);
+        if (std::strtod(buf, nullptr) == d) break;
+    }
+    snprintf(buf, sizeof buf, "%.*e", precision - 1, d);
+    std::string sci = buf;  // [-]d.ddde[+-]XX
+    const size_t e = sci.find('e');
+    const int exponent = std::atoi(sci.c_str() + e + 1);
+    const bool negative = sci[0] == '-';
+    std::string digits;
+    for (size_t i = negative; i < e; i++)
+        if (sci[i] != '.') digits += sci[i];
+    std::string out = negative ? "-" : "";
+    if (exponent >= -4 && exponent < 16) {
+        if (exponent < 0) {
+            out += "0." + std::string((size_t)(-exponent - 1), '0') + digits;
+        } else if ((size_t)exponent + 1 >= digits.size()) {
+            out += digits + std::string((size_t)exponent + 1 - digits.size(), '0') + ".0";
+        } else {
+            out += digits.substr(0, (size_t)exponent + 1) + "." + digits.substr((size_t)exponent + 1);
+        }
+        return out;
+    }
+    out += digits.substr(0, 1);
+    if (digits.size() > 1) out += "." + digits.substr(1);
+    snprintf(buf, sizeof buf, "e%c%02d", exponent < 0 ? '-' : '+', std::abs(exponent));
+    return out + buf;
+}
+
+// Code points Python's str.isprintable() rejects among those a chat may contain (controls, format
+// characters, separators other than the space); repr() escapes them.
+inline bool py_unprintable(uint32_t cp) {
+    return cp < 0x20 || (cp >= 0x7f && cp <= 0xa0) || cp == 0xad || cp == 0x1680 || (cp >= 0x2000 && cp <= 0x200f) ||
+           (cp >= 0x2028 && cp <= 0x202f) || (cp >= 0x205f && cp <= 0x2064) || cp == 0x3000 || cp == 0xfeff;
+}
+
+// Python's repr() of a str: single quotes unless the text has ' and no ".
+inline std::string py_quote(const std::string& s) {
+    const char quote = s.find('\'') != std::string::npos && s.find('"') == std::string::npos ? '"' : '\'';
+    std::string out(1, quote);
+    for (size_t off = 0; off < s.size();) {
+        const size_t start = off;
+        const uint32_t cp = tokenizer_impl::utf8_decode(s, off);
+        char buf[16];
+        if (cp == (uint32_t)quote || cp == '\\') {
+            out += '\\';
+            out += (char)cp;
+        } else if (cp == '\n') {
+            out += "\\n";
+        } else if (cp == '\r') {
+            out += "\\r";
+        } else if (cp == '\t') {
+            out += "\\t";
+        } else if (py_unprintable(cp)) {
+            snprintf(buf, sizeof buf, cp < 0x100 ? "\\x%02x" : "\\u%04x", cp);
+            out += buf;
+        } else {
+            out.append(s, start, off - start);
+        }
+    }
+    return out + quote;
+}
+
+inline std::string repr(const Value& v);
+
+// Python's str(): strings as they are, undefined as "", everything else as repr.
+inline std::string to_str(const Value& v) {
+    if (v.kind == Kind::String) return v.text;
+    if (v.kind == Kind::Undefined) return "";
+    return repr(v);
+}
+
+inline std::string repr(const Value& v) {
+    switch (v.kind) {
+    case Kind::Undefined: return "Undefined";
+    case Kind::None: return "None";
+    case Kind::Bool: return v.boolean ? "True" : "False";
+    case Kind::Int: return std::to_string(v.integer);
+    case Kind::Float: return py_float_repr(v.number);
+    case Kind::String: return py_quote(v.text);
+    case Kind::List: {
+        if (v.seq == SeqKind::Generator) return "<generator object>";
+        const bool tuple = v.seq == SeqKind::Tuple;
+        std::string out = tuple ? "(" : "[";
+        for (size_t i = 0; i < v.list->size(); i++) out += (i ? ", " : "") + repr((*v.list)[i]);
+        if (tuple && v.list->size() == 1) out += ",";
+        return out + (tuple ? ")" : "]");
+    }
+    case Kind::Dict: {
+        std::string out = v.dict->is_namespace ? "<Namespace {" : "{";
+        bool first = true;
+        for (auto& kv : v.dict->items) {
+            out += (first ? "" : ", ") + repr(kv.first) + ": " + repr(kv.second);
+            first = false;
+        }
+        return out + (v.dict->is_namespace ? "}>" : "}");
+    }
+    case Kind::Func: return "<function " + v.func->name + ">";
+    }
+    return "";
+}
+
+// ---- JSON ----------------------------------------------------------------------------------------
+
+// Python json.dumps' options as Hugging Face's tojson passes them.
+struct JsonStyle {
+    bool ensure_ascii = false;
+    bool indented = false;
+    std::string indent;                             // per level, when indented
+    std::string item_separator = ", ", key_separator = ": ";
+    bool sort_keys = false;
+};
+
+// A dict key as json.dumps writes it (keys must be str, int, float, bool or None).
+inline std::string json_key(const Value& k) {
+    switch (k.kind) {
+    case Kind::String: return k.text;
+    case Kind::Int: return std::to_string(k.integer);
+    case Kind::Float: return py_float_repr(k.number);
+    case Kind::Bool: return k.boolean ? "true" : "false";
+    case Kind::None: return "null";
+    default: fault("TypeError: keys must be str, int, float, bool or None, not " + type_name(k));
+    }
+}
+
+// json.dumps(v) with Python's formatting, appended to out (bounded by max_bytes).
+inline void json_dump(std::string& out, const Value& v, const JsonStyle& style, int level, size_t max_bytes) {
+    if (out.size() > max_bytes) fault("tojson output larger than " + std::to_string(max_bytes) + " bytes");
+    auto newline = [&](int lvl) {
+        if (!style.indented) return;
+        out += '\n';
+        for (int i = 0; i < lvl; i++) out += style.indent;
+    };
+    switch (v.kind) {
+    case Kind::None: out += "null"; return;
+    case Kind::Bool: out += v.boolean ? "true" : "false"; return;
+    case Kind::Int: out += std::to_string(v.integer); return;
+    case Kind::Float:
+        out += std::isnan(v.number) ? "NaN" : std::isinf(v.number) ? (v.number < 0 ? "-Infinity" : "Infinity")
+                                                                   : py_float_repr(v.number);
+        return;
+    case Kind::String: json_append_string(out, v.text, style.ensure_ascii); return;
+    case Kind::List:
+        if (v.seq == SeqKind::Generator) break;
+        if (v.list->empty()) {
+            out += "[]";
+            return;
+        }
+        out += '[';
+        for (size_t i = 0; i < v.list->size(); i++) {
+            if (i) out += style.item_separator;
+            newline(level + 1);
+            json_dump(out, (*v.list)[i], style, level + 1, max_bytes);
+        }
+        newline(level);
+        out += ']';
+        return;
+    case Kind::Dict: {
+        if (v.dict->is_namespace) break;
+        if (v.dict->items.empty()) {
+            out += "{}";
+            return;
+        }
+        std::vector<std::pair<std::string, const Value*>> members;
+        for (auto& kv : v.dict->items) members.push_back({json_key(kv.first), &kv.second});
+        if (style.sort_keys)
+            std::stable_sort(members.begin(), members.end(), [](auto& a, auto& b) { return a.first < b.first; });
+        out += '{';
+        for (size_t i = 0; i < members.size(); i++) {
+            if (i) out += style.item_separator;
+            newline(level + 1);
+            json_append_string(out, members[i].first, style.ensure_ascii);
+            out += style.key_separator;
+            json_dump(out, *members[i].second, style, level + 1, max_bytes);
+        }
+        newline(level);
+        out += '}';
+        return;
+    }
+    default: break;
+    }
+    fault("TypeError: Object of type " + type_name(v) + " is not JSON serializable");
+}
+
+// A bounded JSON parser (RFC 8259) into values: objects keep their member order.
+class JsonParser {
+public:
+    explicit JsonParser(const std::string& text) : s_(text) {}
+
+    Value parse_document() {
+        Value v = parse_value(0);
+        skip_space();
+        if (pos_ != s_.size()) fail("trailing characters");
+        return v;
+    }
+
+private:
+    const std::string& s_;
+    size_t pos_ = 0;
+
+    [[noreturn]] void fail(const std::string& what) const {
+        throw Error("JSON: " + what + " at byte " + std::to_string(pos_));
+    }
+    void skip_space() {
+        while (pos_ < s_.size() && (s_[pos_] == ' ' || s_[pos_] == '\t' || s_[pos_] == '\n' || s_[pos_] == '\r')) pos_++;
+    }
+    bool take(char c) {
+        skip_space();
+        if (pos_ < s_.size() && s_[pos_] == c) {
+            pos_++;
+            return true;
+        }
+        return false;
+    }
+    void expect(char c) {
+        if (!take(c)) fail(std::string("expected '") + c + "'");
+    }
+    bool take_word(const char* w) {
+        const size_t n = std::strlen(w);
+        if (s_.compare(pos_, n, w) != 0) return false;
+        pos_ += n;
+        return true;
+    }
+
+    Value parse_value(int depth) {
+        if (depth > kMaxNesting) fail("nested more than " + std::to_string(kMaxNesting) + " deep");
+        skip_space();
+        if (pos_ >= s_.size()) fail("unexpected end");
+        const char c = s_[pos_];
+        if (c == '{') return parse_object(depth);
+        if (c == '[') return parse_array(depth);
+        if (c == '"') return string_value(parse_string());
+        if (take_word("true")) return bool_value(true);
+        if (take_word("false")) return bool_value(false);
+        if (take_word("null")) return none_value();
+        if (c == '-' || (c >= '0' && c <= '9')) return parse_number();
+        fail("unexpected character");
+    }
+
+    Value parse_object(int depth) {
+        pos_++;
+        std::vector<std::pair<Value, Value>> items;
+        if (take('}')) return dict_value(std::move(items));
+        do {
+            skip_space();
+            if (pos_ >= s_.size() || s_[pos_] != '"') fail("expected a member name");
+            Value key = string_value(parse_string());
+            expect(':');
+            Value val = parse_value(depth + 1);
+            bool replaced = false;  // a repeated name keeps its first place and the last value, as Python
+            for (auto& kv : items)
+                if (kv.first.text == key.text) {
+                    kv.second = val;
+                    replaced = true;
+                }
+            if (!replaced) items.push_back({std::move(key), std::move(val)});
+            if (items.size() > kMaxItems) fail("object too large");
+        } while (take(','));
+        expect('}');
+        return dict_value(std::move(items));
+    }
+
+    Value parse_array(int depth) {
+        pos_++;
+        ValueList items;
+        if (take(']')) return list_value(std::move(items));
+        do {
+            items.push_back(parse_value(depth + 1));
+            if (items.size() > kMaxItems) fail("array too large");
+        } while (take(','));
+        expect(']');
+        return list_value(std::move(items));
+    }
+
+    uint32_t parse_hex4() {
+        if (pos_ + 4 > s_.size()) fail("bad \\u escape");
+        uint32_t v = 0;
+        for (int i = 0; i < 4; i++) {
+            const char h = s_[pos_++];
+            v = v * 16 + (uint32_t)(h >= '0' && h <= '9' ? h - '0' : h >= 'a' && h <= 'f' ? h - 'a' + 10
+                                   : h >= 'A' && h <= 'F' ? h - 'A' + 10 : (fail("bad \\u escape"), 0));
+        }
+        return v;
+    }
+
+    std::string parse_string() {
+        pos_++;  // opening quote
+        std::string out;
+        while (true) {
+            if (pos_ >= s_.size()) fail("unterminated string");
+            const char c = s_[pos_++];
+            if (c == '"') return out;
+            if ((unsigned char)c < 0x20) fail("control character in string");
+            if (c != '\\') {
+                out += c;
+                continue;
+            }
+            if (pos_ >= s_.size()) fail("unterminated string");
+            const char e = s_[pos_++];
+            switch (e) {
+            case '"': out += '"'; break;
+            case '\\': out += '\\'; break;
+            case '/': out += '/'; break;
+            case 'b': out += '\b'; break;
+            case 'f': out += '\f'; break;
+            case 'n': out += '\n'; break;
+            case 'r': out += '\r'; break;
+            case 't': out += '\t'; break;
+            case 'u': {
+                uint32_t cp = parse_hex4();
+                if (cp >= 0xd800 && cp < 0xdc00 && s_.compare(pos_, 2, "\\u") == 0) {
+                    const size_t save = pos_;
+                    pos_ += 2;
+                    const uint32_t low = parse_hex4();
+                    if (low >= 0xdc00 && low < 0xe000) cp = 0x10000 + ((cp - 0xd800) << 10) + (low - 0xdc00);
+                    else pos_ = save;
+                }
+                tokenizer_impl::utf8_append(out, cp);
+                break;
+            }
+            default: fail("bad escape");
+            }
+        }
+    }
+
+    Value parse_number() {
+        const size_t start = pos_;
+        if (s_[pos_] == '-') pos_++;
+        auto digits = [&] {
+            const size_t d = pos_;
+            while (pos_ < s_.size() && s_[pos_] >= '0' && s_[pos_] <= '9') pos_++;
+            if (pos_ == d) fail("bad number");
+        };
+        digits();
+        bool is_float = false;
+        if (pos_ < s_.size() && s_[pos_] == '.') {
+            pos_++;
+            digits();
+            is_float = true;
+        }
+        if (pos_ < s_.size() && (s_[pos_] == 'e' || s_[pos_] == 'E')) {
+            pos_++;
+            if (pos_ < s_.size() && (s_[pos_] == '+' || s_[pos_] == '-')) pos_++;
+            digits();
+            is_float = true;
+        }
+        const std::string num = s_.substr(start, pos_ - start);
+        if (!is_float) {
+            errno = 0;
+            const long long i = std::strtoll(num.c_str(), nullptr, 10);
+            if (errno != ERANGE) return int_value(i);
+        }
+        return float_value(std::strtod(num.c_str(), nullptr));
+    }
+};
+
+inline Value parse_json(const std::string& text) { return JsonParser(text).parse_document(); }
+
+} // namespace jinja_detail
+
+// ---- 11b. Jinja lexer: text, {{ }}, {% %}, {# #} with Jinja2's whitespace control -------------
+// trim_blocks drops the newline after a block or comment tag, lstrip_blocks drops the spaces before
+// one on its line, "-" strips all whitespace on that side, "+" keeps it.
+
+namespace jinja_detail {
+
+enum class Tok : uint8_t { Text, VarBegin, VarEnd, BlockBegin, BlockEnd, Name, Int, Float, String, Op, End };
+
+struct Token {
+    Tok type;
+    std::string text;  // Text, Name, String (decoded), Op
+    int64_t integer = 0;
+    double number = 0;
+    int line = 1;
+};
+
+constexpr int kMaxParseDepth = 200;  // nested expressions and blocks
+
+class Lexer {
+public:
+    explicit Lexer(std::string source) : src_(std::move(source)) {
+        normalize_newlines();
+    }
+
+    std::vector<Token> run() {
+        while (pos_ < src_.size()) {
+            const size_t open = find_tag(pos_);
+            std::string text = src_.substr(pos_, open - pos_);
+            if (open == src_.size()) {
+                emit_text(std::move(text));
+                break;
+            }
+            const char kind = src_[open + 1];
+            const char control = open + 2 < src_.size() ? src_[open + 2] : 0;
+            if (control == '-') {
+                text = py_rstrip(text);
+            } else if (kind != '{' && control != '+') {
+                lstrip_line(text);
+            }
+            const int text_lines = count_lines(pos_, open);
+            emit_text(std::move(text));
+            line_ += text_lines;
+            pos_ = open + 2 + (control == '-' || control == '+');
+            if (kind == '#') skip_comment();
+            else lex_tag(kind == '{');
+        }
+        tokens_.push_back({Tok::End, "", 0, 0, line_});
+        return std::move(tokens_);
+    }
+
+private:
+    std::string src_;
+    size_t pos_ = 0;
+    int line_ = 1;
+    bool line_starting_ = true;  // the previous tag's match ended a line (lstrip_blocks applies)
+    std::vector<Token> tokens_;
+
+    [[noreturn]] void fail(const std::string& what) const { throw Error("template line " + std::to_string(line_) + ": " + what); }
+
+    // Jinja2 joins the source's lines with "\n" and drops one trailing newline.
+    void normalize_newlines() {
+        std::string out;
+        out.reserve(src_.size());
+        for (size_t i = 0; i < src_.size(); i++) {
+            if (src_[i] == '\r') {
+                out += '\n';
+                if (i + 1 < src_.size() && src_[i + 1] == '\n') i++;
+            } else {
+                out += src_[i];
+            }
+        }
+        if (!out.empty() && out.back() == '\n') out.pop_back();
+        src_ = std::move(out);
+    }
+
+    size_t find_tag(size_t from) const {
+        for (size_t p = src_.find('{', from); p != std::string::npos; p = src_.find('{', p + 1))
+            if (p + 1 < src_.size() && (src_[p + 1] == '{' || src_[p + 1] == '%' || src_[p + 1] == '#')) return p;
+        return src_.size();
+    }
+
+    int count_lines(size_t from, size_t to) const { return (int)std::count(src_.begin() + (long)from, src_.begin() + (long)to, '\n'); }
+
+    // lstrip_blocks: spaces between a line start and a block/comment tag go.
+    void lstrip_line(std::string& text) const {
+        const size_t line_start = text.rfind('\n') == std::string::npos ? 0 : text.rfind('\n') + 1;
+        if (line_start == 0 && !line_starting_) return;
+        for (size_t i = line_start, n; i < text.size(); i += n)
+            if ((n = space_at(text, i)) == 0) return;
+        text.resize(line_start);
+    }
+
+    void emit_text(std::string text) {
+        if (!text.empty()) tokens_.push_back({Tok::Text, std::move(text), 0, 0, line_});
+    }
+
+    // After a closing tag: "-" eats the following whitespace, trim_blocks one newline after blocks.
+    void after_close(bool minus, bool plus, bool is_block) {
+        line_starting_ = false;
+        if (minus) {
+            const size_t start = pos_;
+            for (size_t n; pos_ < src_.size() && (n = space_at(src_, pos_)) != 0;) pos_ += n;
+            line_ += count_lines(start, pos_);
+            line_starting_ = pos_ > start && src_[pos_ - 1] == '\n';
+        } else if (is_block && !plus && pos_ < src_.size() && src_[pos_] == '\n') {
+            pos_++;
+            line_++;
+            line_starting_ = true;
+        }
+    }
+
+    void skip_comment() {
+        const size_t close = src_.find("#}", pos_);
+        if (close == std::string::npos) fail("unterminated comment");
+        const bool minus = close > pos_ && src_[close - 1] == '-';
+        line_ += count_lines(pos_, close);
+        pos_ = close + 2;
+        after_close(minus, false, true);
+    }
+
+    void lex_tag(bool is_var) {
+        tokens_.push_back({is_var ? Tok::VarBegin : Tok::BlockBegin, "", 0, 0, line_});
+        const char* close = is_var ? "}}" : "%}";
+        int brackets = 0;
+        while (true) {
+            while (pos_ < src_.size() && std::isspace((unsigned char)src_[pos_])) line_ += src_[pos_++] == '\n';
+            if (pos_ >= src_.size()) fail(is_var ? "unterminated {{" : "unterminated {%");
+            const char c = src_[pos_];
+            const bool marked = (c == '-' || c == '+') && src_.compare(pos_ + 1, 2, close) == 0;
+            if (brackets == 0 && (marked || src_.compare(pos_, 2, close) == 0)) {
+                tokens_.push_back({is_var ? Tok::VarEnd : Tok::BlockEnd, "", 0, 0, line_});
+                pos_ += marked ? 3 : 2;
+                after_close(marked && c == '-', marked && c == '+', !is_var);
+                return;
+            }
+            if (std::isalpha((unsigned char)c) || c == '_') {
+                const size_t start = pos_;
+                while (pos_ < src_.size() && (std::isalnum((unsigned char)src_[pos_]) || src_[pos_] == '_')) pos_++;
+                tokens_.push_back({Tok::Name, src_.substr(start, pos_ - start), 0, 0, line_});
+            } else if (std::isdigit((unsigned char)c)) {
+                lex_number();
+            } else if (c == '\'' || c == '"') {
+                lex_string(c);
+            } else {
+                lex_operator(brackets);
+            }
+        }
+    }
+
+    void lex_number() {
+        const size_t start = pos_;
+        auto digits = [&] { while (pos_ < src_.size() && (std::isdigit((unsigned char)src_[pos_]) || src_[pos_] == '_')) pos_++; };
+        digits();
+        bool is_float = false;
+        if (pos_ + 1 < src_.size() && src_[pos_] == '.' && std::isdigit((unsigned char)src_[pos_ + 1])) {
+            pos_++;
+            digits();
+            is_float = true;
+        }
+        if (pos_ < src_.size() && (src_[pos_] == 'e' || src_[pos_] == 'E')) {
+            size_t p = pos_ + 1;
+            if (p < src_.size() && (src_[p] == '+' || src_[p] == '-')) p++;
+            if (p < src_.size() && std::isdigit((unsigned char)src_[p])) {
+                pos_ = p;
+                digits();
+                is_float = true;
+            }
+        }
+        std::string num;
+        for (size_t i = start; i < pos_; i++)
+            if (src_[i] != '_') num += src_[i];
+        Token t{is_float ? Tok::Float : Tok::Int, num, 0, 0, line_};
+        errno = 0;
+        if (is_float) t.number = std::strtod(num.c_str(), nullptr);
+        else t.integer = std::strtoll(num.c_str(), nullptr, 10);
+        if (errno == ERANGE) fail("number out of range: " + num);
+        tokens_.push_back(std::move(t));
+    }
+
+    // A quoted literal with Python's escapes (unknown ones are kept as written).
+    void lex_string(char quote) {
+        const int start_line = line_;
+        std::string out;
+        pos_++;
+        while (true) {
+            if (pos_ >= src_.size()) fail("unterminated string");
+            const char c = src_[pos_++];
+            if (c == quote) break;
+            line_ += c == '\n';
+            if (c != '\\' || pos_ >= src_.size()) {
+                out += c;
+                continue;
+            }
+            const char e = src_[pos_++];
+            auto hex = [&](int n) {
+                uint32_t v = 0;
+                for (int i = 0; i < n; i++) {
+                    if (pos_ >= src_.size() || !std::isxdigit((unsigned char)src_[pos_])) fail("bad escape in string");
+                    const char h = src_[pos_++];
+                    v = v * 16 + (uint32_t)(std::isdigit((unsigned char)h) ? h - '0' : (std::tolower((unsigned char)h) - 'a' + 10));
+                }
+                return v;
+            };
+            switch (e) {
+            case 'n': out += '\n'; break;
+            case 't': out += '\t'; break;
+            case 'r': out += '\r'; break;
+            case '0': out += '\0'; break;
+            case 'a': out += '\a'; break;
+            case 'b': out += '\b'; break;
+            case 'f': out += '\f'; break;
+            case 'v': out += '\v'; break;
+            case '\\': out += '\\'; break;
+            case '\'': out += '\''; break;
+            case '"': out += '"'; break;
+            case '\n': line_++; break;
+            case 'x': tokenizer_impl::utf8_append(out, hex(2)); break;
+            case 'u': tokenizer_impl::utf8_append(out, hex(4)); break;
+            case 'U': tokenizer_impl::utf8_append(out, hex(8)); break;
+            default: out += '\\'; out += e;
+            }
+        }
+        tokens_.push_back({Tok::String, std::move(out), 0, 0, start_line});
+    }
+
+    void lex_operator(int& brackets) {
+        static const char* const kTwo[] = {"//", "**", "==", "!=", "<=", ">="};
+        for (const char* op : kTwo)
+            if (src_.compare(pos_, 2, op) == 0) {
+                tokens_.push_back({Tok::Op, op, 0, 0, line_});
+                pos_ += 2;
+                return;
+            }
+        const char c = src_[pos_];
+        if (!std::strchr("+-*/%~<>=()[]{},.:|", c)) fail(std::string("unexpected character '") + c + "'");
+        if (c == '(' || c == '[' || c == '{') brackets++;
+        if ((c == ')' || c == ']' || c == '}') && --brackets < 0) fail(std::string("unbalanced '") + c + "'");
+        tokens_.push_back({Tok::Op, std::string(1, c), 0, 0, line_});
+        pos_++;
+    }
+};
+
+// ---- 11c. Jinja syntax tree ---------------------------------------------------------------------
+
+struct Expr {
+    int line = 0;
+    virtual ~Expr() = default;
+    virtual Value eval(Renderer& r) const = 0;
+};
+using ExprPtr = std::unique_ptr<Expr>;
+
+struct NamedExpr {
+    std::string name;
+    ExprPtr value;
+};
+
+struct ArgExprs {
+    std::vector<ExprPtr> positional;
+    std::vector<NamedExpr> named;
+};
+
+struct Stmt {
+    int line = 0;
+    virtual ~Stmt() = default;
+    virtual void exec(Renderer& r) const = 0;
+};
+using StmtPtr = std::unique_ptr<Stmt>;
+using Body = std::vector<StmtPtr>;
+
+struct LiteralExpr : Expr {
+    Value value;
+    Value eval(Renderer&) const override { return value; }
+};
+struct NameExpr : Expr {
+    std::string name;
+    Value eval(Renderer& r) const override;
+};
+struct ListExpr : Expr {
+    std::vector<ExprPtr> items;
+    bool tuple = false;
+    Value eval(Renderer& r) const override;
+};
+struct DictExpr : Expr {
+    std::vector<std::pair<ExprPtr, ExprPtr>> items;
+    Value eval(Renderer& r) const override;
+};
+struct AttributeExpr : Expr {
+    ExprPtr object;
+    std::string name;
+    Value eval(Renderer& r) const override;
+};
+struct SubscriptExpr : Expr {
+    ExprPtr object, index;
+    Value eval(Renderer& r) const override;
+};
+struct SliceExpr : Expr {
+    ExprPtr object, start, stop, step;  // each bound may be null
+    Value eval(Renderer& r) const override;
+};
+struct CallExpr : Expr {
+    ExprPtr callee;
+    ArgExprs args;
+    Value eval(Renderer& r) const override;
+};
+struct FilterExpr : Expr {
+    ExprPtr operand;  // null in a {% filter %} block: the block's output
+    std::string name;
+    ArgExprs args;
+    Value eval(Renderer& r) const override;
+    Value apply(Renderer& r, const Value& input) const;
+};
+struct TestExpr : Expr {
+    ExprPtr operand;
+    std::string name;
+    ArgExprs args;
+    bool negated = false;
+    Value eval(Renderer& r) const override;
+};
+struct UnaryExpr : Expr {
+    std::string op;  // "-", "+", "not"
+    ExprPtr operand;
+    Value eval(Renderer& r) const override;
+};
+struct BinaryExpr : Expr {
+    std::string op;  // + - * / // % ** ~ and or
+    ExprPtr left, right;
+    Value eval(Renderer& r) const override;
+};
+struct CompareExpr : Expr {  // a < b <= c, chained as Python
+    ExprPtr first;
+    std::vector<std::pair<std::string, ExprPtr>> rest;  // op: == != < > <= >= in "not in"
+    Value eval(Renderer& r) const override;
+};
+struct CondExpr : Expr {
+    ExprPtr condition, then, otherwise;  // otherwise may be null: undefined
+    Value eval(Renderer& r) const override;
+};
+
+struct TextStmt : Stmt {
+    std::string text;
+    void exec(Renderer& r) const override;
+};
+struct OutputStmt : Stmt {
+    ExprPtr value;
+    void exec(Renderer& r) const override;
+};
+struct IfStmt : Stmt {
+    std::vector<std::pair<ExprPtr, Body>> branches;
+    Body otherwise;
+    void exec(Renderer& r) const override;
+};
+struct ForStmt : Stmt {
+    std::vector<std::string> targets;
+    ExprPtr iterable, filter;
+    Body body, otherwise;
+    bool uses_loop = true;  // the body names `loop` (else it is not built)
+    void exec(Renderer& r) const override;
+};
+struct SetStmt : Stmt {
+    std::vector<std::string> targets;  // one name, several to unpack, or {namespace, attribute}
+    bool attribute = false;            // set ns.attr = ...
+    ExprPtr value;                     // null for a block set
+    Body block;
+    std::vector<std::unique_ptr<FilterExpr>> filters;  // {% set x | trim %}...{% endset %}
+    void exec(Renderer& r) const override;
+};
+struct MacroStmt : Stmt {
+    std::string name;
+    std::vector<std::pair<std::string, ExprPtr>> params;  // default may be null
+    Body body;
+    void exec(Renderer& r) const override;
+};
+struct FilterBlockStmt : Stmt {
+    std::vector<std::unique_ptr<FilterExpr>> filters;
+    Body body;
+    void exec(Renderer& r) const override;
+};
+struct LoopControlStmt : Stmt {
+    bool is_break = false;
+    void exec(Renderer& r) const override;
+};
+
+// ---- 11d. Jinja parser: Jinja2's grammar and operator precedence ------------------------------
+
+class Parser {
+public:
+    explicit Parser(std::vector<Token> tokens) : t_(std::move(tokens)) {}
+
+    Body parse_template() {
+        Body body = parse_body({});
+        if (peek().type != Tok::End) fail("unexpected tag");
+        return body;
+    }
+
+private:
+    std::vector<Token> t_;
+    size_t i_ = 0;
+    int depth_ = 0;       // nesting, bounded
+    int loops_ = 0;       // enclosing for loops (break/continue allowed)
+    std::string end_tag_; // the keyword that ended the last parse_body
+
+    struct DepthGuard {
+        Parser& p;
+        explicit DepthGuard(Parser& parser) : p(parser) {
+            if (++p.depth_ > kMaxParseDepth) p.fail("nested too deeply");
+        }
+        ~DepthGuard() { p.depth_--; }
+    };
+
+    const Token& peek(size_t ahead = 0) const { return t_[std::min(i_ + ahead, t_.size() - 1)]; }
+    const Token& next() { return t_[i_ < t_.size() - 1 ? i_++ : i_]; }
+    [[noreturn]] void fail(const std::string& what) const {
+        throw Error("template line " + std::to_string(peek().line) + ": " + what);
+    }
+    bool is_op(const char* op, size_t ahead = 0) const { return peek(ahead).type == Tok::Op && peek(ahead).text == op; }
+    bool is_name(const char* name, size_t ahead = 0) const { return peek(ahead).type == Tok::Name && peek(ahead).text == name; }
+    bool take_op(const char* op) { return is_op(op) ? (next(), true) : false; }
+    bool take_name(const char* name) { return is_name(name) ? (next(), true) : false; }
+    void expect_op(const char* op) {
+        if (!take_op(op)) fail(std::string("expected '") + op + "'");
+    }
+    void expect_block_end() {
+        if (peek().type != Tok::BlockEnd) fail("expected end of tag");
+        next();
+    }
+    std::string expect_identifier() {
+        if (peek().type != Tok::Name) fail("expected a name");
+        return next().text;
+    }
+    template <class Node>
+    std::unique_ptr<Node> node() {
+        auto n = std::make_unique<Node>();
+        n->line = peek().line;
+        return n;
+    }
+
+    // Statements until a {% tag %} whose keyword is in `ends` (consumed up to the keyword).
+    Body parse_body(const std::vector<std::string>& ends) {
+        DepthGuard guard(*this);
+        Body body;
+        while (true) {
+            const Token& tok = peek();
+            if (tok.type == Tok::End) {
+                if (!ends.empty()) fail("missing {% " + ends.back() + " %}");
+                return body;
+            }
+            if (tok.type == Tok::Text) {
+                auto s = node<TextStmt>();
+                s->text = next().text;
+                body.push_back(std::move(s));
+            } else if (tok.type == Tok::VarBegin) {
+                next();
+                auto s = node<OutputStmt>();
+                s->value = parse_tuple_or_expression();
+                if (peek().type != Tok::VarEnd) fail("expected '}}'");
+                next();
+                body.push_back(std::move(s));
+            } else if (tok.type == Tok::BlockBegin) {
+                const Token& keyword = peek(1);
+                if (keyword.type != Tok::Name) fail("expected a tag name");
+                if (std::find(ends.begin(), ends.end(), keyword.text) != ends.end()) {
+                    next();
+                    end_tag_ = next().text;
+                    return body;
+                }
+                next();
+                parse_statement(body);
+            } else {
+                fail("unexpected token");
+            }
+        }
+    }
+
+    void parse_statement(Body& body) {
+        const std::string kw = peek().text;
+        const int line = peek().line;
+        next();
+        if (kw == "if") body.push_back(parse_if(line));
+        else if (kw == "for") body.push_back(parse_for(line));
+        else if (kw == "set") body.push_back(parse_set(line));
+        else if (kw == "macro") body.push_back(parse_macro(line));
+        else if (kw == "filter") body.push_back(parse_filter_block(line));
+        else if (kw == "break" || kw == "continue") {
+            if (loops_ == 0) fail("'" + kw + "' outside a loop");
+            auto s = std::make_unique<LoopControlStmt>();
+            s->line = line;
+            s->is_break = kw == "break";
+            expect_block_end();
+            body.push_back(std::move(s));
+        } else if (kw == "generation") {  // transformers' tag for assistant masks: renders its body
+            expect_block_end();
+            for (auto& s : parse_body({"endgeneration"})) body.push_back(std::move(s));
+            expect_block_end();
+        } else {
+            fail("unsupported tag '" + kw + "'");
+        }
+    }
+
+    StmtPtr parse_if(int line) {
+        auto s = std::make_unique<IfStmt>();
+        s->line = line;
+        ExprPtr cond = parse_expression();
+        expect_block_end();
+        while (true) {
+            Body b = parse_body({"elif", "else", "endif"});
+            s->branches.push_back({std::move(cond), std::move(b)});
+            if (end_tag_ == "elif") {
+                cond = parse_expression();
+                expect_block_end();
+                continue;
+            }
+            if (end_tag_ == "else") {
+                expect_block_end();
+                s->otherwise = parse_body({"endif"});
+            }
+            expect_block_end();
+            return s;
+        }
+    }
+
+    std::vector<std::string> parse_targets() {
+        std::vector<std::string> names;
+        const bool paren = take_op("(");
+        do names.push_back(expect_identifier());
+        while (take_op(","));
+        if (paren) expect_op(")");
+        return names;
+    }
+
+    StmtPtr parse_for(int line) {
+        auto s = std::make_unique<ForStmt>();
+        s->line = line;
+        s->targets = parse_targets();
+        if (!take_name("in")) fail("expected 'in'");
+        s->iterable = parse_tuple(false);
+        if (take_name("if")) s->filter = parse_expression();
+        if (take_name("recursive")) fail("recursive loops are not supported");
+        expect_block_end();
+        loops_++;
+        const size_t body_start = i_;
+        s->body = parse_body({"else", "endfor"});
+        s->uses_loop = std::any_of(t_.begin() + (long)body_start, t_.begin() + (long)i_,
+                                   [](const Token& t) { return t.type == Tok::Name && t.text == "loop"; });
+        loops_--;
+        if (end_tag_ == "else") {
+            expect_block_end();
+            s->otherwise = parse_body({"endfor"});
+        }
+        expect_block_end();
+        return s;
+    }
+
+    StmtPtr parse_set(int line) {
+        auto s = std::make_unique<SetStmt>();
+        s->line = line;
+        s->targets.push_back(expect_identifier());
+        if (take_op(".")) {
+            s->targets.push_back(expect_identifier());
+            s->attribute = true;
+        } else {
+            while (take_op(",")) s->targets.push_back(expect_identifier());
+        }
+        if (take_op("=")) {
+            s->value = parse_tuple_or_expression();
+            expect_block_end();
+            return s;
+        }
+        if (s->targets.size() != 1) fail("a block set assigns one name");
+        while (take_op("|")) s->filters.push_back(parse_filter(nullptr));
+        expect_block_end();
+        const int outer_loops = loops_;
+        loops_ = 0;
+        s->block = parse_body({"endset"});
+        loops_ = outer_loops;
+        expect_block_end();
+        return s;
+    }
+
+    StmtPtr parse_macro(int line) {
+        auto s = std::make_unique<MacroStmt>();
+        s->line = line;
+        s->name = expect_identifier();
+        expect_op("(");
+        if (!is_op(")")) {
+            do {
+                std::string name = expect_identifier();
+                ExprPtr def;
+                if (take_op("=")) def = parse_expression();
+                s->params.push_back({std::move(name), std::move(def)});
+            } while (take_op(","));
+        }
+        expect_op(")");
+        expect_block_end();
+        const int outer_loops = loops_;
+        loops_ = 0;
+        s->body = parse_body({"endmacro"});
+        loops_ = outer_loops;
+        if (peek().type == Tok::Name) next();  // {% endmacro name %}
+        expect_block_end();
+        return s;
+    }
+
+    StmtPtr parse_filter_block(int line) {
+        auto s = std::make_unique<FilterBlockStmt>();
+        s->line = line;
+        do s->filters.push_back(parse_filter(nullptr));
+        while (take_op("|"));
+        expect_block_end();
+        s->body = parse_body({"endfilter"});
+        expect_block_end();
+        return s;
+    }
+
+    // ---- expressions ----
+
+    // `a, b` without brackets is a tuple where Jinja2 allows one ({{ }}, set, for ... in).
+    ExprPtr parse_tuple_or_expression() { return parse_tuple(true); }
+
+    ExprPtr parse_tuple(bool with_condition) {
+        const int line = peek().line;
+        ExprPtr first = with_condition ? parse_expression() : parse_or();
+        if (!is_op(",")) return first;
+        auto t = std::make_unique<ListExpr>();
+        t->line = line;
+        t->tuple = true;
+        t->items.push_back(std::move(first));
+        while (take_op(",")) {
+            if (peek().type == Tok::VarEnd || peek().type == Tok::BlockEnd || is_op(")")) break;
+            t->items.push_back(with_condition ? parse_expression() : parse_or());
+        }
+        return t;
+    }
+
+    ExprPtr parse_expression() {
+        DepthGuard guard(*this);
+        ExprPtr e = parse_or();
+        while (is_name("if")) {
+            next();
+            auto c = node<CondExpr>();
+            c->then = std::move(e);
+            c->condition = parse_or();
+            if (take_name("else")) c->otherwise = parse_expression();
+            e = std::move(c);
+        }
+        return e;
+    }
+
+    ExprPtr binary(const std::string& op, ExprPtr left, ExprPtr right, int line) {
+        auto b = std::make_unique<BinaryExpr>();
+        b->line = line;
+        b->op = op;
+        b->left = std::move(left);
+        b->right = std::move(right);
+        return b;
+    }
+
+    // One left-associative level: operands from `operand` joined by any of `ops` (symbols or keywords).
+    template <class Operand>
+    ExprPtr parse_left_assoc(Operand operand, std::initializer_list<const char*> ops) {
+        ExprPtr e = operand();
+        while (true) {
+            const char* hit = nullptr;
+            for (const char* op : ops)
+                if (is_op(op) || is_name(op)) hit = op;
+            if (!hit) return e;
+            const int line = next().line;
+            e = binary(hit, std::move(e), operand(), line);
+        }
+    }
+    ExprPtr parse_or() { return parse_left_assoc([this] { return parse_and(); }, {"or"}); }
+    ExprPtr parse_and() { return parse_left_assoc([this] { return parse_not(); }, {"and"}); }
+    ExprPtr parse_not() {
+        if (is_name("not")) {
+            DepthGuard guard(*this);
+            auto u = node<UnaryExpr>();
+            next();
+            u->op = "not";
+            u->operand = parse_not();
+            return u;
+        }
+        return parse_compare();
+    }
+    ExprPtr parse_compare() {
+        ExprPtr e = parse_math1();
+        std::unique_ptr<CompareExpr> chain;
+        while (true) {
+            std::string op;
+            if (peek().type == Tok::Op && (peek().text == "==" || peek().text == "!=" || peek().text == "<" ||
+                                           peek().text == ">" || peek().text == "<=" || peek().text == ">=")) {
+                op = next().text;
+            } else if (is_name("in")) {
+                next();
+                op = "in";
+            } else if (is_name("not") && is_name("in", 1)) {
+                next();
+                next();
+                op = "not in";
+            } else {
+                break;
+            }
+            if (!chain) {
+                chain = node<CompareExpr>();
+                chain->first = std::move(e);
+            }
+            chain->rest.push_back({op, parse_math1()});
+        }
+        return chain ? std::move(chain) : std::move(e);
+    }
+    ExprPtr parse_math1() { return parse_left_assoc([this] { return parse_concat(); }, {"+", "-"}); }
+    ExprPtr parse_concat() { return parse_left_assoc([this] { return parse_math2(); }, {"~"}); }
+    ExprPtr parse_math2() { return parse_left_assoc([this] { return parse_pow(); }, {"*", "/", "//", "%"}); }
+    ExprPtr parse_pow() { return parse_left_assoc([this] { return parse_unary(true); }, {"**"}); }
+    ExprPtr parse_unary(bool with_filter) {
+        DepthGuard guard(*this);
+        ExprPtr e;
+        if (is_op("-") || is_op("+")) {
+            auto u = node<UnaryExpr>();
+            u->op = next().text;
+            u->operand = parse_unary(false);
+            e = std::move(u);
+        } else {
+            e = parse_primary();
+        }
+        e = parse_postfix(std::move(e));
+        return with_filter ? parse_filter_chain(std::move(e)) : std::move(e);
+    }
+
+    ExprPtr parse_primary() {
+        const Token& tok = peek();
+        if (tok.type == Tok::Name) {
+            next();
+            auto lit = std::make_unique<LiteralExpr>();
+            lit->line = tok.line;
+            const std::string& n = tok.text;
+            if (n == "true" || n == "True") lit->value = bool_value(true);
+            else if (n == "false" || n == "False") lit->value = bool_value(false);
+            else if (n == "none" || n == "None") lit->value = none_value();
+            else {
+                auto name = std::make_unique<NameExpr>();
+                name->line = tok.line;
+                name->name = n;
+                return name;
+            }
+            return lit;
+        }
+        if (tok.type == Tok::String) {
+            auto lit = node<LiteralExpr>();
+            std::string s;
+            while (peek().type == Tok::String) s += next().text;  // adjacent literals concatenate
+            lit->value = string_value(std::move(s));
+            return lit;
+        }
+        if (tok.type == Tok::Int || tok.type == Tok::Float) {
+            auto lit = node<LiteralExpr>();
+            lit->value = tok.type == Tok::Int ? int_value(tok.integer) : float_value(tok.number);
+            next();
+            return lit;
+        }
+        if (take_op("(")) {
+            if (take_op(")")) {
+                auto t = node<ListExpr>();
+                t->tuple = true;
+                return t;
+            }
+            ExprPtr e = parse_expression();
+            if (is_op(",")) {
+                auto t = node<ListExpr>();
+                t->tuple = true;
+                t->items.push_back(std::move(e));
+                while (take_op(",") && !is_op(")")) t->items.push_back(parse_expression());
+                e = std::move(t);
+            }
+            expect_op(")");
+            return e;
+        }
+        if (take_op("[")) {
+            auto l = node<ListExpr>();
+            while (!is_op("]")) {
+                l->items.push_back(parse_expression());
+                if (!take_op(",")) break;
+            }
+            expect_op("]");
+            return l;
+        }
+        if (take_op("{")) {
+            auto d = node<DictExpr>();
+            while (!is_op("}")) {
+                ExprPtr k = parse_expression();
+                expect_op(":");
+                d->items.push_back({std::move(k), parse_expression()});
+                if (!take_op(",")) break;
+            }
+            expect_op("}");
+            return d;
+        }
+        fail("unexpected " + (tok.type == Tok::Op ? "'" + tok.text + "'" : std::string("end of expression")));
+    }
+
+    ExprPtr parse_postfix(ExprPtr e) {
+        while (true) {
+            const int line = peek().line;
+            if (take_op(".")) {
+                if (peek().type == Tok::Int) {  // foo.0 is foo[0]
+                    auto s = std::make_unique<SubscriptExpr>();
+                    s->line = line;
+                    s->object = std::move(e);
+                    auto lit = std::make_unique<LiteralExpr>();
+                    lit->value = int_value(next().integer);
+                    s->index = std::move(lit);
+                    e = std::move(s);
+                    continue;
+                }
+                auto a = std::make_unique<AttributeExpr>();
+                a->line = line;
+                a->object = std::move(e);
+                a->name = expect_identifier();
+                e = std::move(a);
+            } else if (take_op("[")) {
+                e = parse_subscript(std::move(e), line);
+            } else if (is_op("(")) {
+                e = parse_call(std::move(e));
+            } else {
+                return e;
+            }
+        }
+    }
+
+    ExprPtr parse_subscript(ExprPtr object, int line) {
+        ExprPtr start, stop, step;
+        if (!is_op(":")) start = parse_expression();
+        if (!take_op(":")) {
+            expect_op("]");
+            auto s = std::make_unique<SubscriptExpr>();
+            s->line = line;
+            s->object = std::move(object);
+            s->index = std::move(start);
+            return s;
+        }
+        if (!is_op("]") && !is_op(":")) stop = parse_expression();
+        if (take_op(":") && !is_op("]")) step = parse_expression();
+        expect_op("]");
+        auto s = std::make_unique<SliceExpr>();
+        s->line = line;
+        s->object = std::move(object);
+        s->start = std::move(start);
+        s->stop = std::move(stop);
+        s->step = std::move(step);
+        return s;
+    }
+
+    ArgExprs parse_call_args() {
+        ArgExprs args;
+        expect_op("(");
+        while (!is_op(")")) {
+            if (peek().type == Tok::Name && is_op("=", 1)) {
+                std::string name = next().text;
+                next();
+                args.named.push_back({std::move(name), parse_expression()});
+            } else {
+                if (!args.named.empty()) fail("positional argument after a keyword argument");
+                args.positional.push_back(parse_expression());
+            }
+            if (!take_op(",")) break;
+        }
+        expect_op(")");
+        return args;
+    }
+
+    ExprPtr parse_call(ExprPtr callee) {
+        auto c = node<CallExpr>();
+        c->callee = std::move(callee);
+        c->args = parse_call_args();
+        return c;
+    }
+
+    std::unique_ptr<FilterExpr> parse_filter(ExprPtr operand) {
+        auto f = node<FilterExpr>();
+        f->operand = std::move(operand);
+        f->name = expect_identifier();
+        if (is_op("(")) f->args = parse_call_args();
+        return f;
+    }
+
+    ExprPtr parse_filter_chain(ExprPtr e) {
+        while (true) {
+            if (take_op("|")) {
+                e = parse_filter(std::move(e));
+            } else if (is_name("is")) {
+                next();
+                auto t = node<TestExpr>();
+                t->operand = std::move(e);
+                t->negated = take_name("not");
+                t->name = expect_identifier();
+                if (is_op("(")) {
+                    t->args = parse_call_args();
+                } else if ((peek().type == Tok::Name || peek().type == Tok::String || peek().type == Tok::Int ||
+                            peek().type == Tok::Float || is_op("[") || is_op("{")) &&
+                           !is_name("else") && !is_name("or") && !is_name("and") && !is_name("is") && !is_name("if")) {
+                    t->args.positional.push_back(parse_postfix(parse_primary()));
+                }
+                e = std::move(t);
+            } else if (is_op("(")) {
+                e = parse_call(std::move(e));
+            } else {
+                return e;
+            }
+        }
+    }
+};
+
+} // namespace jinja_detail
+
+// ---- 11e. Jinja evaluation: scopes, limits, operators -----------------------------------------
+
+namespace jinja_detail {
+
+// Variables of one block level: the template (root), a for loop, a macro call.
+struct Scope {
+    std::vector<std::pair<std::string, Value>> vars;
+    Scope* parent = nullptr;
+
+    const Value* find(const std::string& name) const {
+        for (const Scope* s = this; s; s = s->parent)
+            for (auto& kv : s->vars)
+                if (kv.first == name) return &kv.second;
+        return nullptr;
+    }
+    void set(const std::string& name, Value v) {
+        for (auto& kv : vars)
+            if (kv.first == name) {
+                kv.second = std::move(v);
+                return;
+            }
+        vars.push_back({name, std::move(v)});
+    }
+};
+
+enum class Flow : uint8_t { Normal, Break, Continue };
+
+struct Renderer {
+    JinjaLimits limits;
+    int64_t now = -1;
+    std::string* out = nullptr;
+    Scope* scope = nullptr;
+    Scope* root = nullptr;
+    uint64_t steps = 0;
+    uint64_t work_bytes = 0;
+    int call_depth = 0;
+    int line = 0;
+    Flow flow = Flow::Normal;
+
+    // One unit of work (statement, iteration, call, filter): bounds the time a template can take.
+    void step() {
+        if (++steps > limits.max_steps)
+            fault("template ran more than " + std::to_string(limits.max_steps) + " steps (endless loop?)");
+    }
+    // A new string of n bytes: bounds every string and the bytes built in total.
+    void charge(size_t n) {
+        if (n > limits.max_output) fault("string longer than " + std::to_string(limits.max_output) + " bytes");
+        work_bytes += n;
+        if (work_bytes > limits.max_work_bytes)
+            fault("template built more than " + std::to_string(limits.max_work_bytes) + " bytes of text");
+    }
+    void emit(const std::string& s) {
+        if (out->size() + s.size() > limits.max_output)
+            fault("output longer than " + std::to_string(limits.max_output) + " bytes");
+        charge(s.size());
+        out->append(s);
+    }
+    void exec(const Body& body) {
+        for (auto& s : body) {
+            line = s->line;
+            step();
+            s->exec(*this);
+            if (flow != Flow::Normal) return;
+        }
+    }
+    // Runs body with its output captured, as a macro call or a block set does.
+    std::string capture(const Body& body) {
+        std::string buf;
+        std::string* saved = out;
+        out = &buf;
+        try {
+            exec(body);
+        } catch (...) {
+            out = saved;
+            throw;
+        }
+        out = saved;
+        return buf;
+    }
+};
+
+// Positional argument i or the named one, else `fallback`.
+inline Value arg(const CallArgs& a, size_t i, const char* name, Value fallback = undefined_value("")) {
+    for (auto& kv : a.named)
+        if (kv.first == name) return kv.second;
+    return i < a.positional.size() ? a.positional[i] : fallback;
+}
+inline const Value& require_string(const Value& v, const char* what) {
+    if (v.kind == Kind::Undefined) undefined_fault(v);
+    if (v.kind != Kind::String) fault(std::string("TypeError: ") + what + " must be str, not " + type_name(v));
+    return v;
+}
+
+// The items a for loop (or list(), join, ...) walks: a dict's keys, a string's characters.
+inline ValueList iterate(const Value& v) {
+    switch (v.kind) {
+    case Kind::Undefined: return {};
+    case Kind::List: return *v.list;
+    case Kind::Dict: {
+        if (v.dict->is_namespace) break;
+        ValueList keys;
+        for (auto& kv : v.dict->items) keys.push_back(kv.first);
+        return keys;
+    }
+    case Kind::String: {
+        ValueList chars;
+        const auto off = codepoint_offsets(v.text);
+        for (size_t i = 0; i + 1 < off.size(); i++) chars.push_back(string_value(v.text.substr(off[i], off[i + 1] - off[i])));
+        return chars;
+    }
+    default: break;
+    }
+    fault("TypeError: '" + type_name(v) + "' object is not iterable");
+}
+
+inline Value tuple_value(ValueList items) { return list_value(std::move(items), SeqKind::Tuple); }
+
+// dict.items() / the items filter: (key, value) pairs.
+inline Value dict_items(const Value& d) {
+    ValueList pairs;
+    for (auto& kv : d.dict->items) pairs.push_back(tuple_value({kv.first, kv.second}));
+    return list_value(std::move(pairs));
+}
+
+inline Value builtin_method(const Value& obj, const std::string& name);
+
+// obj.name: Python attribute first (methods), then the item; undefined (with the reason) if neither.
+inline Value get_attribute(const Value& obj, const std::string& name) {
+    if (obj.kind == Kind::Undefined) undefined_fault(obj);
+    if (obj.kind == Kind::Dict && obj.dict->is_namespace) {
+        if (const Value* v = dict_find(*obj.dict, name)) return *v;
+        return undefined_value("'Namespace' object has no attribute '" + name + "'");
+    }
+    Value method = builtin_method(obj, name);
+    if (method.kind != Kind::Undefined || !method.text.empty()) return method;
+    if (obj.kind == Kind::Dict)
+        if (const Value* v = dict_find(*obj.dict, name)) return *v;
+    if (obj.kind == Kind::None) return undefined_value("'None' has no attribute '" + name + "'");
+    return undefined_value("'" + type_name(obj) + " object' has no attribute '" + name + "'");
+}
+
+// Python's index normalization: negative from the end; -1 if out of range.
+inline int64_t normalize_index(int64_t i, size_t n) {
+    if (i < 0) i += (int64_t)n;
+    return i >= 0 && i < (int64_t)n ? i : -1;
+}
+
+// obj[key]: the item first, then the attribute.
+inline Value get_item(const Value& obj, const Value& key) {
+    if (obj.kind == Kind::Undefined) undefined_fault(obj);
+    if (obj.kind == Kind::Dict && !obj.dict->is_namespace) {
+        if (const Value* v = dict_find(*obj.dict, key)) return *v;
+    } else if (obj.kind == Kind::List && is_integral(key) && obj.seq != SeqKind::Generator) {
+        const int64_t i = normalize_index(as_int(key), obj.list->size());
+        if (i >= 0) return (*obj.list)[(size_t)i];
+        return undefined_value("'" + type_name(obj) + " object' has no element " + std::to_string(as_int(key)));
+    } else if (obj.kind == Kind::String && is_integral(key)) {
+        const auto off = codepoint_offsets(obj.text);
+        const int64_t i = normalize_index(as_int(key), off.size() - 1);
+        if (i >= 0) return string_value(obj.text.substr(off[(size_t)i], off[(size_t)i + 1] - off[(size_t)i]));
+        return undefined_value("'str object' has no element " + std::to_string(as_int(key)));
+    }
+    if (key.kind == Kind::String) return get_attribute(obj, key.text);
+    return undefined_value("'" + type_name(obj) + " object' has no element " + repr(key));
+}
+
+// Python's slice indices for a sequence of n items.
+inline std::vector<size_t> slice_indices(size_t n, const Value& start, const Value& stop, const Value& step) {
+    auto bound = [](const Value& v) -> bool { return v.kind != Kind::Undefined && v.kind != Kind::None; };
+    for (const Value* v : {&start, &stop, &step})
+        if (bound(*v) && !is_integral(*v)) fault("TypeError: slice indices must be integers or None");
+    const int64_t st = bound(step) ? as_int(step) : 1;
+    if (st == 0) fault("ValueError: slice step cannot be zero");
+    const int64_t len = (int64_t)n;
+    auto clamp = [&](const Value& v, int64_t def) {
+        if (!bound(v)) return def;
+        int64_t i = as_int(v);
+        if (i < 0) i += len;
+        return st > 0 ? std::max<int64_t>(0, std::min(i, len)) : std::max<int64_t>(-1, std::min(i, len - 1));
+    };
+    const int64_t lo = clamp(start, st > 0 ? 0 : len - 1), hi = clamp(stop, st > 0 ? len : -1);
+    std::vector<size_t> idx;
+    for (int64_t i = lo; st > 0 ? i < hi : i > hi; i += st) idx.push_back((size_t)i);
+    return idx;
+}
+
+inline Value slice_value(const Value& obj, const Value& start, const Value& stop, const Value& step) {
+    if (obj.kind == Kind::Undefined) undefined_fault(obj);
+    if (obj.kind == Kind::String) {
+        const auto off = codepoint_offsets(obj.text);
+        std::string s;
+        for (size_t i : slice_indices(off.size() - 1, start, stop, step)) s.append(obj.text, off[i], off[i + 1] - off[i]);
+        return string_value(std::move(s));
+    }
+    if (obj.kind == Kind::List && obj.seq != SeqKind::Generator) {
+        ValueList items;
+        for (size_t i : slice_indices(obj.list->size(), start, stop, step)) items.push_back((*obj.list)[i]);
+        return list_value(std::move(items), obj.seq);
+    }
+    fault("TypeError: '" + type_name(obj) + "' object is not subscriptable");
+}
+
+// Python's `in`: substring, element, or key.
+inline bool contains(const Value& container, const Value& item) {
+    switch (container.kind) {
+    case Kind::Undefined: return false;
+    case Kind::String:
+        if (item.kind != Kind::String) fault("TypeError: 'in <string>' requires string as left operand, not " + type_name(item));
+        return container.text.find(item.text) != std::string::npos;
+    case Kind::List:
+        for (auto& x : *container.list)
+            if (equals(x, item)) return true;
+        return false;
+    case Kind::Dict:
+        if (container.dict->is_namespace) break;
+        return dict_find(*container.dict, item) != nullptr;
+    default: break;
+    }
+    fault("TypeError: argument of type '" + type_name(container) + "' is not iterable");
+}
+
+inline int64_t checked_int(long double exact, const char* op) {
+    if (exact > (long double)INT64_MAX || exact < (long double)INT64_MIN) fault(std::string("integer overflow in ") + op);
+    return (int64_t)exact;
+}
+
+// Python floor division and modulo.
+inline int64_t floor_div(int64_t a, int64_t b) { return a / b - ((a % b != 0) && ((a < 0) != (b < 0))); }
+inline int64_t floor_mod(int64_t a, int64_t b) { return a - floor_div(a, b) * b; }
+
+[[noreturn]] inline void operand_fault(const std::string& op, const Value& a, const Value& b) {
+    if (a.kind == Kind::Undefined) undefined_fault(a);
+    if (b.kind == Kind::Undefined) undefined_fault(b);
+    if (op == "+" && a.kind == Kind::String)
+        fault("TypeError: can only concatenate str (not \"" + type_name(b) + "\") to str");
+    if (op == "+" && a.kind == Kind::List)
+        fault("TypeError: can only concatenate list (not \"" + type_name(b) + "\") to list");
+    fault("TypeError: unsupported operand type(s) for " + op + ": '" + type_name(a) + "' and '" + type_name(b) + "'");
+}
+
+// The sequence repeated n times (str * int, list * int).
+inline Value repeat(Renderer& r, const Value& seq, int64_t n) {
+    n = std::max<int64_t>(n, 0);
+    if (seq.kind == Kind::String) {
+        r.charge((size_t)std::min<uint64_t>((uint64_t)n * seq.text.size(), UINT64_MAX / 2));
+        const size_t total = (size_t)n * seq.text.size();
+        std::string s = n > 0 ? seq.text : "";
+        s.reserve(total);
+        while (s.size() < total) s.append(s, 0, std::min(s.size(), total - s.size()));  // doubling
+        return string_value(std::move(s));
+    }
+    if ((uint64_t)n * seq.list->size() > kMaxItems) fault("list longer than " + std::to_string(kMaxItems) + " items");
+    ValueList items;
+    for (int64_t i = 0; i < n; i++) items.insert(items.end(), seq.list->begin(), seq.list->end());
+    return list_value(std::move(items), seq.seq);
+}
+
+// markupsafe.escape
+inline std::string html_escape(const std::string& s) {
+    std::string out;
+    for (char c : s) {
+        switch (c) {
+        case '&': out += "&amp;"; break;
+        case '<': out += "&lt;"; break;
+        case '>': out += "&gt;"; break;
+        case '"': out += "&#34;"; break;
+        case '\'': out += "&#39;"; break;
+        default: out += c;
+        }
+    }
+    return out;
+}
+
+inline Value arithmetic(Renderer& r, const std::string& op, const Value& a, const Value& b) {
+    if (is_number(a) && is_number(b)) {
+        const bool ints = is_integral(a) && is_integral(b);
+        const int64_t x = as_int(a), y = as_int(b);
+        const double p = as_double(a), q = as_double(b);
+        if (op == "+") return ints ? int_value(checked_int((long double)x + y, "+")) : float_value(p + q);
+        if (op == "-") return ints ? int_value(checked_int((long double)x - y, "-")) : float_value(p - q);
+        if (op == "*") return ints ? int_value(checked_int((long double)x * y, "*")) : float_value(p * q);
+        if ((op == "/" || op == "//" || op == "%") && (ints ? y == 0 : q == 0)) fault("ZeroDivisionError: division by zero");
+        if (op == "/") return float_value(p / q);
+        if (op == "//") return ints ? int_value(floor_div(x, y)) : float_value(std::floor(p / q));
+        if (op == "%") return ints ? int_value(floor_mod(x, y)) : float_value(p - std::floor(p / q) * q);
+        if (op == "**") {
+            if (ints && y >= 0) {
+                long double acc = 1;
+                for (int64_t i = 0; i < y && acc != 0 && std::fabs(acc) <= (long double)INT64_MAX; i++) acc *= x;
+                return int_value(checked_int(acc, "**"));
+            }
+            return float_value(std::pow(p, q));
+        }
+    }
+    if (op == "+" && a.kind == Kind::String && b.kind == Kind::String) {
+        // Markup + str escapes the plain side (markupsafe), the result stays Markup
+        const bool markup = a.markup || b.markup;
+        std::string s = (markup && !a.markup ? html_escape(a.text) : a.text) + (markup && !b.markup ? html_escape(b.text) : b.text);
+        r.charge(s.size());
+        Value v = string_value(std::move(s));
+        v.markup = markup;
+        return v;
+    }
+    if (op == "+" && a.kind == Kind::List && b.kind == Kind::List && a.seq != SeqKind::Generator && b.seq != SeqKind::Generator) {
+        ValueList items = *a.list;
+        items.insert(items.end(), b.list->begin(), b.list->end());
+        return list_value(std::move(items), a.seq);
+    }
+    if (op == "*" && is_integral(b) && (a.kind == Kind::String || (a.kind == Kind::List && a.seq != SeqKind::Generator)))
+        return repeat(r, a, as_int(b));
+    if (op == "*" && is_integral(a) && (b.kind == Kind::String || (b.kind == Kind::List && b.seq != SeqKind::Generator)))
+        return repeat(r, b, as_int(a));
+    operand_fault(op, a, b);
+}
+
+// ---- 11f. Jinja builtins: string/dict methods, filters, tests, globals --------------------------
+
+// Code points of `chars` (str.strip's argument) at the ends of s removed.
+inline std::string strip_chars(const std::string& s, const std::string& chars, bool left, bool right) {
+    const auto set = tokenizer_impl::utf8_to_cps(chars);
+    const auto off = codepoint_offsets(s);
+    auto in_set = [&](size_t i) {
+        size_t at = off[i];
+        return std::find(set.begin(), set.end(), tokenizer_impl::utf8_decode(s, at)) != set.end();
+    };
+    size_t lo = 0, hi = off.size() - 1;
+    while (left && lo < hi && in_set(lo)) lo++;
+    while (right && hi > lo && in_set(hi - 1)) hi--;
+    return s.substr(off[lo], off[hi] - off[lo]);
+}
+
+// str.strip / lstrip / rstrip with Python's optional characters argument.
+inline Value strip_method(const std::string& s, const Value& chars, bool left, bool right) {
+    if (chars.kind == Kind::String) return string_value(strip_chars(s, chars.text, left, right));
+    return string_value(left && right ? py_strip(s) : left ? py_lstrip(s) : py_rstrip(s));
+}
+
+// str.split / rsplit: by sep, or by whitespace runs when sep is None.
+inline Value split_method(const std::string& s, const Value& sep, int64_t maxsplit, bool from_right) {
+    ValueList parts;
+    if (sep.kind == Kind::String) {
+        if (sep.text.empty()) fault("ValueError: empty separator");
+        std::vector<std::string> pieces;
+        if (!from_right) {
+            size_t start = 0, p;
+            while ((maxsplit < 0 || (int64_t)pieces.size() < maxsplit) && (p = s.find(sep.text, start)) != std::string::npos) {
+                pieces.push_back(s.substr(start, p - start));
+                start = p + sep.text.size();
+            }
+            pieces.push_back(s.substr(start));
+        } else {
+            size_t end = s.size();
+            int64_t splits = 0;
+            while (maxsplit < 0 || splits < maxsplit) {
+                if (end < sep.text.size()) break;
+                const size_t p = s.rfind(sep.text, end - sep.text.size());
+                if (p == std::string::npos) break;
+                pieces.insert(pieces.begin(), s.substr(p + sep.text.size(), end - p - sep.text.size()));
+                end = p;
+                splits++;
+            }
+            pieces.insert(pieces.begin(), s.substr(0, end));
+        }
+        for (auto& p : pieces) parts.push_back(string_value(std::move(p)));
+        return list_value(std::move(parts));
+    }
+    // whitespace splitting (maxsplit counts from the left; rsplit without sep is rare in templates)
+    size_t i = 0, n;
+    while (i < s.size()) {
+        while (i < s.size() && (n = space_at(s, i)) != 0) i += n;
+        if (i >= s.size()) break;
+        if (maxsplit >= 0 && (int64_t)parts.size() == maxsplit) {
+            parts.push_back(string_value(py_rstrip(s.substr(i))));
+            break;
+        }
+        const size_t start = i;
+        while (i < s.size() && space_at(s, i) == 0) i++;
+        parts.push_back(string_value(s.substr(start, i - start)));
+    }
+    return list_value(std::move(parts));
+}
+
+inline std::string replace_all(Renderer& r, const std::string& s, const std::string& old, const std::string& with, int64_t count) {
+    std::string out;
+    if (old.empty()) {  // Python inserts `with` around every code point
+        const auto off = codepoint_offsets(s);
+        int64_t done = 0;
+        for (size_t i = 0; i + 1 < off.size(); i++) {
+            if (count < 0 || done++ < count) out += with;
+            out.append(s, off[i], off[i + 1] - off[i]);
+        }
+        if (count < 0 || done < count) out += with;
+        r.charge(out.size());
+        return out;
+    }
+    size_t start = 0, p;
+    int64_t done = 0;
+    while ((count < 0 || done < count) && (p = s.find(old, start)) != std::string::npos) {
+        out.append(s, start, p - start);
+        out += with;
+        start = p + old.size();
+        done++;
+        r.charge(out.size());
+    }
+    out.append(s, start, std::string::npos);
+    r.charge(out.size());
+    return out;
+}
+
+inline std::string ascii_lower(std::string s) {
+    for (char& c : s) c = (char)std::tolower((unsigned char)c);
+    return s;
+}
+inline std::string ascii_upper(std::string s) {
+    for (char& c : s) c = (char)std::toupper((unsigned char)c);
+    return s;
+}
+// str.title(): each run of letters capitalized.
+inline std::string ascii_title(std::string s) {
+    bool prev_letter = false;
+    for (char& c : s) {
+        const bool letter = std::isalpha((unsigned char)c);
+        c = (char)(letter && !prev_letter ? std::toupper((unsigned char)c) : std::tolower((unsigned char)c));
+        prev_letter = letter;
+    }
+    return s;
+}
+inline std::string ascii_capitalize(std::string s) {
+    s = ascii_lower(std::move(s));
+    if (!s.empty()) s[0] = (char)std::toupper((unsigned char)s[0]);
+    return s;
+}
+
+// str.startswith / endswith: a prefix or a tuple of them.
+inline bool affix_match(const std::string& s, const Value& affix, bool prefix) {
+    if (affix.kind == Kind::List) {
+        for (auto& a : *affix.list)
+            if (affix_match(s, a, prefix)) return true;
+        return false;
+    }
+    const std::string& x = require_string(affix, prefix ? "startswith argument" : "endswith argument").text;
+    return prefix ? starts_with(s, x) : ends_with(s, x);
+}
+
+inline bool all_chars(const std::string& s, int (*pred)(int)) {
+    if (s.empty()) return false;
+    for (unsigned char c : s)
+        if (!pred(c)) return false;
+    return true;
+}
+
+inline Value string_method(const std::string& s, const std::string& name) {
+    auto bind = [&](std::function<Value(Renderer&, const CallArgs&)> f) {
+        return func_value("str." + name, [f](Renderer& r, CallArgs& a) { return f(r, a); });
+    };
+    if (name == "strip" || name == "lstrip" || name == "rstrip") {
+        const bool left = name != "rstrip", right = name != "lstrip";
+        return bind([s, left, right](Renderer&, const CallArgs& a) { return strip_method(s, arg(a, 0, "chars"), left, right); });
+    }
+    if (name == "split" || name == "rsplit") {
+        const bool from_right = name == "rsplit";
+        return bind([s, from_right](Renderer&, const CallArgs& a) {
+            const Value max = arg(a, 1, "maxsplit", int_value(-1));
+            return split_method(s, arg(a, 0, "sep"), is_integral(max) ? as_int(max) : -1, from_right);
+        });
+    }
+    if (name == "splitlines")
+        return bind([s](Renderer&, const CallArgs&) {
+            ValueList lines;
+            size_t start = 0;
+            for (size_t i = 0; i < s.size(); i++)
+                if (s[i] == '\n' || s[i] == '\r') {
+                    lines.push_back(string_value(s.substr(start, i - start)));
+                    if (s[i] == '\r' && i + 1 < s.size() && s[i + 1] == '\n') i++;
+                    start = i + 1;
+                }
+            if (start < s.size()) lines.push_back(string_value(s.substr(start)));
+            return list_value(std::move(lines));
+        });
+    if (name == "startswith" || name == "endswith") {
+        const bool prefix = name == "startswith";
+        return bind([s, prefix](Renderer&, const CallArgs& a) { return bool_value(affix_match(s, arg(a, 0, "prefix"), prefix)); });
+    }
+    if (name == "replace")
+        return bind([s](Renderer& r, const CallArgs& a) {
+            const Value count = arg(a, 2, "count", int_value(-1));
+            return string_value(replace_all(r, s, require_string(arg(a, 0, "old"), "replace() argument 1").text,
+                                            require_string(arg(a, 1, "new"), "replace() argument 2").text,
+                                            is_integral(count) ? as_int(count) : -1));
+        });
+    if (name == "lower") return bind([s](Renderer&, const CallArgs&) { return string_value(ascii_lower(s)); });
+    if (name == "upper") return bind([s](Renderer&, const CallArgs&) { return string_value(ascii_upper(s)); });
+    if (name == "title") return bind([s](Renderer&, const CallArgs&) { return string_value(ascii_title(s)); });
+    if (name == "capitalize") return bind([s](Renderer&, const CallArgs&) { return string_value(ascii_capitalize(s)); });
+    if (name == "find" || name == "rfind" || name == "count" || name == "index")
+        return bind([s, name](Renderer&, const CallArgs& a) {
+            const std::string& x = require_string(arg(a, 0, "sub"), "argument").text;
+            if (name == "count") {
+                if (x.empty()) return int_value((int64_t)codepoint_count(s) + 1);
+                int64_t n = 0;
+                for (size_t p = s.find(x); p != std::string::npos; p = s.find(x, p + x.size())) n++;
+                return int_value(n);
+            }
+            const size_t p = name == "rfind" ? s.rfind(x) : s.find(x);
+            if (p == std::string::npos && name == "index") fault("ValueError: substring not found");
+            return int_value(p == std::string::npos ? -1 : (int64_t)codepoint_count(s.substr(0, p)));
+        });
+    if (name == "join")
+        return bind([s](Renderer& r, const CallArgs& a) {
+            std::string out;
+            bool first = true;
+            for (auto& x : iterate(arg(a, 0, "iterable"))) {
+                if (!first) out += s;
+                out += require_string(x, "sequence item").text;
+                first = false;
+                r.charge(out.size());
+            }
+            return string_value(std::move(out));
+        });
+    if (name == "isdigit") return bind([s](Renderer&, const CallArgs&) { return bool_value(all_chars(s, ::isdigit)); });
+    if (name == "isalpha") return bind([s](Renderer&, const CallArgs&) { return bool_value(all_chars(s, ::isalpha)); });
+    if (name == "isalnum") return bind([s](Renderer&, const CallArgs&) { return bool_value(all_chars(s, ::isalnum)); });
+    if (name == "isspace") return bind([s](Renderer&, const CallArgs&) { return bool_value(!s.empty() && py_strip(s).empty()); });
+    if (name == "islower") return bind([s](Renderer&, const CallArgs&) { return bool_value(ascii_lower(s) == s && ascii_upper(s) != s); });
+    if (name == "isupper") return bind([s](Renderer&, const CallArgs&) { return bool_value(ascii_upper(s) == s && ascii_lower(s) != s); });
+    return undefined_value("");
+}
+
+// Methods that change a list or dict: the immutable sandbox refuses them.
+inline bool is_mutating_method(const std::string& name) {
+    static const char* const kNames[] = {"append", "extend", "insert", "pop", "remove", "clear", "sort", "reverse",
+                                         "update", "setdefault", "popitem", "__setitem__", "__delitem__"};
+    for (const char* n : kNames)
+        if (name == n) return true;
+    return false;
+}
+
+inline Value builtin_method(const Value& obj, const std::string& name) {
+    if (obj.kind == Kind::String) return string_method(obj.text, name);
+    if (obj.kind != Kind::Dict && obj.kind != Kind::List) return undefined_value("");
+    if (is_mutating_method(name))
+        return undefined_value("access to attribute '" + name + "' of '" + type_name(obj) + "' object is unsafe.");
+    if (obj.kind == Kind::Dict) {
+        const Value d = obj;
+        if (name == "get")
+            return func_value("dict.get", [d](Renderer&, CallArgs& a) {
+                const Value* v = dict_find(*d.dict, arg(a, 0, "key"));
+                return v ? *v : arg(a, 1, "default", none_value());
+            });
+        if (name == "items") return func_value("dict.items", [d](Renderer&, CallArgs&) { return dict_items(d); });
+        if (name == "keys") return func_value("dict.keys", [d](Renderer&, CallArgs&) { return list_value(iterate(d)); });
+        if (name == "values")
+            return func_value("dict.values", [d](Renderer&, CallArgs&) {
+                ValueList vals;
+                for (auto& kv : d.dict->items) vals.push_back(kv.second);
+                return list_value(std::move(vals));
+            });
+        if (name == "copy") return func_value("dict.copy", [d](Renderer&, CallArgs&) { return dict_value(d.dict->items); });
+    }
+    if (obj.kind == Kind::List && obj.seq != SeqKind::Generator) {
+        const Value l = obj;
+        if (name == "index" || name == "count")
+            return func_value("list." + name, [l, name](Renderer&, CallArgs& a) {
+                const Value x = arg(a, 0, "value");
+                int64_t n = 0;
+                for (size_t i = 0; i < l.list->size(); i++)
+                    if (equals((*l.list)[i], x)) {
+                        if (name == "index") return int_value((int64_t)i);
+                        n++;
+                    }
+                if (name == "index") fault("ValueError: value is not in list");
+                return int_value(n);
+            });
+    }
+    return undefined_value("");
+}
+
+// ---- tests (`x is name`) ----
+
+inline bool apply_test(Renderer& r, const std::string& name, const Value& v, const CallArgs& a);
+
+// Sort/unique/min/max key: strings compare case-insensitively unless asked, as Jinja2's filters do.
+inline Value sort_key(const Value& v, bool case_sensitive) {
+    return !case_sensitive && v.kind == Kind::String ? string_value(ascii_lower(v.text)) : v;
+}
+
+// Item lookup along a dotted path ("function.name"), as the attribute= arguments take it.
+inline Value attribute_path(const Value& v, const std::string& path) {
+    Value cur = v;
+    size_t start = 0;
+    while (true) {
+        const size_t dot = path.find('.', start);
+        const std::string part = path.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
+        if (cur.kind == Kind::Undefined) return cur;
+        const bool numeric = !part.empty() && std::all_of(part.begin(), part.end(), ::isdigit);
+        cur = numeric ? get_item(cur, int_value(std::atoll(part.c_str()))) : get_item(cur, string_value(part));
+        if (dot == std::string::npos) return cur;
+        start = dot + 1;
+    }
+}
+
+inline Value apply_filter(Renderer& r, const std::string& name, const Value& v, CallArgs& a);
+
+// select / reject / selectattr / rejectattr: items for which the test (default: truthiness) holds.
+inline Value select_items(Renderer& r, const Value& seq, CallArgs& a, bool by_attribute, bool keep) {
+    size_t first_test_arg = 0;
+    std::string attribute;
+    if (by_attribute) {
+        attribute = require_string(arg(a, 0, "attribute"), "attribute").text;
+        first_test_arg = 1;
+    }
+    const Value test = arg(a, first_test_arg, "test");
+    CallArgs test_args;
+    for (size_t i = first_test_arg + 1; i < a.positional.size(); i++) test_args.positional.push_back(a.positional[i]);
+    ValueList out;
+    if (!truthy(seq)) return list_value({}, SeqKind::Generator);  // Jinja2 skips a falsy input (none)
+    for (auto& item : iterate(seq)) {
+        r.step();
+        const Value subject = by_attribute ? attribute_path(item, attribute) : item;
+        const bool pass = test.kind == Kind::String ? apply_test(r, test.text, subject, test_args) : truthy(subject);
+        if (pass == keep) out.push_back(item);
+    }
+    return list_value(std::move(out), SeqKind::Generator);
+}
+
+// map(attribute=..., default=...) or map('filter', args...).
+inline Value map_items(Renderer& r, const Value& seq, CallArgs& a) {
+    ValueList out;
+    if (!truthy(seq)) return list_value({}, SeqKind::Generator);  // Jinja2 skips a falsy input (none)
+    const Value attribute = arg(a, 99, "attribute");
+    if (attribute.kind == Kind::String) {
+        const Value def = arg(a, 99, "default");
+        for (auto& item : iterate(seq)) {
+            r.step();
+            Value x = attribute_path(item, attribute.text);
+            out.push_back(x.kind == Kind::Undefined && def.kind != Kind::Undefined ? def : x);
+        }
+        return list_value(std::move(out), SeqKind::Generator);
+    }
+    const std::string filter = require_string(arg(a, 0, "filter"), "map filter name").text;
+    CallArgs filter_args;
+    filter_args.positional.assign(a.positional.begin() + std::min<size_t>(1, a.positional.size()), a.positional.end());
+    filter_args.named = a.named;
+    for (auto& item : iterate(seq)) {
+        r.step();
+        out.push_back(apply_filter(r, filter, item, filter_args));
+    }
+    return list_value(std::move(out), SeqKind::Generator);
+}
+
+// Hugging Face's tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False).
+inline Value tojson_filter(Renderer& r, const Value& v, const CallArgs& a) {
+    JsonStyle style;
+    style.ensure_ascii = truthy(arg(a, 0, "ensure_ascii", bool_value(false)));
+    const Value indent = arg(a, 1, "indent", none_value());
+    if (is_integral(indent)) {
+        style.indented = true;
+        style.indent.assign((size_t)std::max<int64_t>(0, std::min<int64_t>(as_int(indent), 64)), ' ');
+    } else if (indent.kind == Kind::String) {
+        style.indented = true;
+        style.indent = indent.text;
+    }
+    if (style.indented) style.item_separator = ",";
+    const Value separators = arg(a, 2, "separators", none_value());
+    if (separators.kind == Kind::List && separators.list->size() == 2) {
+        style.item_separator = require_string((*separators.list)[0], "separator").text;
+        style.key_separator = require_string((*separators.list)[1], "separator").text;
+    }
+    style.sort_keys = truthy(arg(a, 3, "sort_keys", bool_value(false)));
+    std::string out;
+    json_dump(out, v, style, 0, r.limits.max_output);
+    r.charge(out.size());
+    return string_value(std::move(out));
+}
+
+inline Value length_of(const Value& v) {
+    switch (v.kind) {
+    case Kind::Undefined: return int_value(0);
+    case Kind::String: return int_value((int64_t)codepoint_count(v.text));
+    case Kind::List:
+        if (v.seq == SeqKind::Generator) break;
+        return int_value((int64_t)v.list->size());
+    case Kind::Dict:
+        if (v.dict->is_namespace) break;
+        return int_value((int64_t)v.dict->items.size());
+    default: break;
+    }
+    fault("TypeError: object of type '" + type_name(v) + "' has no len()");
+}
+
+// sort(reverse=False, case_sensitive=False, attribute=None), stable.
+inline Value sort_filter(const Value& v, const CallArgs& a) {
+    ValueList items = iterate(v);
+    const bool reverse = truthy(arg(a, 0, "reverse", bool_value(false)));
+    const bool case_sensitive = truthy(arg(a, 1, "case_sensitive", bool_value(false)));
+    const Value attribute = arg(a, 2, "attribute", none_value());
+    auto key = [&](const Value& x) {
+        return sort_key(attribute.kind == Kind::String ? attribute_path(x, attribute.text) : x, case_sensitive);
+    };
+    std::stable_sort(items.begin(), items.end(), [&](const Value& x, const Value& y) {
+        return reverse ? compare(key(y), key(x), "<") < 0 : compare(key(x), key(y), "<") < 0;
+    });
+    return list_value(std::move(items));
+}
+
+// dictsort(case_sensitive=False, by='key', reverse=False): (key, value) pairs.
+inline Value dictsort_filter(const Value& v, const CallArgs& a) {
+    if (v.kind != Kind::Dict) fault("TypeError: dictsort needs a mapping");
+    ValueList pairs = *dict_items(v).list;
+    const bool case_sensitive = truthy(arg(a, 0, "case_sensitive", bool_value(false)));
+    const size_t by = arg(a, 1, "by", string_value("key")).text == "value" ? 1 : 0;
+    const bool reverse = truthy(arg(a, 2, "reverse", bool_value(false)));
+    std::stable_sort(pairs.begin(), pairs.end(), [&](const Value& x, const Value& y) {
+        const int c = compare(sort_key((*x.list)[by], case_sensitive), sort_key((*y.list)[by], case_sensitive), "<");
+        return reverse ? c > 0 : c < 0;
+    });
+    return list_value(std::move(pairs));
+}
+
+// min / max / unique with Jinja2's case-insensitive default.
+inline Value extreme_filter(const Value& v, const CallArgs& a, bool want_max) {
+    const ValueList items = iterate(v);
+    const bool case_sensitive = truthy(arg(a, 0, "case_sensitive", bool_value(false)));
+    const Value attribute = arg(a, 1, "attribute", none_value());
+    auto key = [&](const Value& x) {
+        return sort_key(attribute.kind == Kind::String ? attribute_path(x, attribute.text) : x, case_sensitive);
+    };
+    if (items.empty()) return undefined_value("No aggregated item, sequence was empty.");
+    size_t best = 0;
+    for (size_t i = 1; i < items.size(); i++) {
+        const int c = compare(key(items[i]), key(items[best]), "<");
+        if (want_max ? c > 0 : c < 0) best = i;
+    }
+    return items[best];
+}
+
+inline Value unique_filter(const Value& v, const CallArgs& a) {
+    const bool case_sensitive = truthy(arg(a, 0, "case_sensitive", bool_value(false)));
+    ValueList out, seen;
+    for (auto& x : iterate(v)) {
+        const Value k = sort_key(x, case_sensitive);
+        if (std::none_of(seen.begin(), seen.end(), [&](const Value& s) { return equals(s, k); })) {
+            seen.push_back(k);
+            out.push_back(x);
+        }
+    }
+    return list_value(std::move(out), SeqKind::Generator);
+}
+
+inline Value int_filter(const Value& v, const CallArgs& a) {
+    const Value def = arg(a, 0, "default", int_value(0));
+    if (is_integral(v)) return int_value(as_int(v));
+    if (v.kind == Kind::Float) return std::isfinite(v.number) ? int_value((int64_t)v.number) : def;
+    if (v.kind == Kind::String) {
+        const std::string s = py_strip(v.text);
+        char* end = nullptr;
+        errno = 0;
+        const long long i = std::strtoll(s.c_str(), &end, 10);
+        if (!s.empty() && *end == 0 && errno == 0) return int_value(i);
+        const double d = std::strtod(s.c_str(), &end);
+        if (!s.empty() && *end == 0 && std::isfinite(d)) return int_value((int64_t)d);
+    }
+    return def;
+}
+
+inline Value float_filter(const Value& v, const CallArgs& a) {
+    if (is_number(v)) return float_value(as_double(v));
+    if (v.kind == Kind::String) {
+        const std::string s = py_strip(v.text);
+        char* end = nullptr;
+        const double d = std::strtod(s.c_str(), &end);
+        if (!s.empty() && *end == 0) return float_value(d);
+    }
+    return arg(a, 0, "default", float_value(0));
+}
+
+// indent(width=4, first=False, blank=False): every line but the first (and blank ones) indented.
+inline Value indent_filter(Renderer& r, const std::string& s, const CallArgs& a) {
+    const Value width = arg(a, 0, "width", int_value(4));
+    const std::string pad = width.kind == Kind::String ? width.text : std::string((size_t)std::max<int64_t>(0, std::min<int64_t>(as_int(width), 256)), ' ');
+    const bool first = truthy(arg(a, 1, "first", bool_value(false))), blank = truthy(arg(a, 2, "blank", bool_value(false)));
+    std::string out;
+    size_t start = 0;
+    for (bool is_first = true;; is_first = false) {
+        const size_t nl = s.find('\n', start);
+        const std::string line = s.substr(start, nl == std::string::npos ? std::string::npos : nl - start);
+        if ((!is_first || first) && (blank || !py_strip(line).empty())) out += pad;
+        out += line;
+        r.charge(out.size());
+        if (nl == std::string::npos) break;
+        out += '\n';
+        start = nl + 1;
+    }
+    return string_value(std::move(out));
+}
+
+inline Value apply_filter(Renderer& r, const std::string& name, const Value& v, CallArgs& a) {
+    r.step();
+    if (name == "default" || name == "d") {
+        const bool boolean = truthy(arg(a, 1, "boolean", bool_value(false)));
+        return v.kind == Kind::Undefined || (boolean && !truthy(v)) ? arg(a, 0, "default_value", string_value("")) : v;
+    }
+    if (name == "tojson") return tojson_filter(r, v, a);
+    if (name == "safe" || name == "string") {  // markupsafe: safe marks text, string keeps the mark
+        Value text = string_value(to_str(v));
+        text.markup = name == "safe" || v.markup;
+        return text;
+    }
+    if (name == "length" || name == "count") return length_of(v);
+    if (name == "items") {
+        if (v.kind == Kind::Undefined) return list_value({});
+        if (v.kind != Kind::Dict || v.dict->is_namespace) fault("TypeError: Can only get item pairs from a mapping.");
+        return dict_items(v);
+    }
+    if (name == "list") return list_value(iterate(v));
+    if (name == "first" || name == "last") {
+        const ValueList items = iterate(v);
+        if (items.empty()) return undefined_value("No " + name + " item, sequence was empty.");
+        return name == "first" ? items.front() : items.back();
+    }
+    if (name == "join") {
+        const std::string sep = to_str(arg(a, 0, "d", string_value("")));
+        const Value attribute = arg(a, 1, "attribute", none_value());
+        std::string out;
+        bool first = true;
+        for (auto& x : iterate(v)) {
+            if (!first) out += sep;
+            out += to_str(attribute.kind == Kind::String ? attribute_path(x, attribute.text) : x);
+            first = false;
+            r.charge(out.size());
+        }
+        return string_value(std::move(out));
+    }
+    if (name == "selectattr" || name == "rejectattr") return select_items(r, v, a, true, name == "selectattr");
+    if (name == "select" || name == "reject") return select_items(r, v, a, false, name == "select");
+    if (name == "map") return map_items(r, v, a);
+    if (name == "sort") return sort_filter(v, a);
+    if (name == "dictsort") return dictsort_filter(v, a);
+    if (name == "unique") return unique_filter(v, a);
+    if (name == "min" || name == "max") return extreme_filter(v, a, name == "max");
+    if (name == "reverse") {
+        if (v.kind == Kind::String) return slice_value(v, none_value(), none_value(), int_value(-1));
+        ValueList items = iterate(v);
+        std::reverse(items.begin(), items.end());
+        return list_value(std::move(items), SeqKind::Generator);
+    }
+    if (name == "attr") return get_attribute(v, require_string(arg(a, 0, "name"), "attribute name").text);
+    if (name == "int") return int_filter(v, a);
+    if (name == "float") return float_filter(v, a);
+    if (name == "abs") {
+        if (!is_number(v)) operand_fault("abs", v, v);
+        return v.kind == Kind::Float ? float_value(std::fabs(v.number)) : int_value(std::llabs(as_int(v)));
+    }
+    if (name == "round") {
+        const double scale = std::pow(10.0, (double)as_int(arg(a, 0, "precision", int_value(0))));
+        const std::string method = arg(a, 1, "method", string_value("common")).text;
+        const double x = as_double(v) * scale;
+        return float_value((method == "ceil" ? std::ceil(x) : method == "floor" ? std::floor(x) : std::round(x)) / scale);
+    }
+    if (name == "sum") {
+        Value total = arg(a, 1, "start", int_value(0));
+        const Value attribute = arg(a, 0, "attribute", none_value());
+        for (auto& x : iterate(v)) total = arithmetic(r, "+", total, attribute.kind == Kind::String ? attribute_path(x, attribute.text) : x);
+        return total;
+    }
+    // the rest work on the text of the value
+    static const char* const kTextFilters[] = {"trim", "lower", "upper", "title", "capitalize", "replace", "escape", "e", "indent", "wordcount"};
+    if (std::none_of(std::begin(kTextFilters), std::end(kTextFilters), [&](const char* f) { return name == f; }))
+        fault("No filter named '" + name + "' found.");
+    if (v.kind == Kind::Undefined && name != "trim" && name != "lower" && name != "upper") undefined_fault(v);
+    const std::string s = to_str(v);
+    if (name == "trim") return strip_method(s, arg(a, 0, "chars"), true, true);
+    if (name == "lower") return string_value(ascii_lower(s));
+    if (name == "upper") return string_value(ascii_upper(s));
+    if (name == "title") return string_value(ascii_title(s));
+    if (name == "capitalize") return string_value(ascii_capitalize(s));
+    if (name == "replace") {
+        const Value count = arg(a, 2, "count", int_value(-1));
+        return string_value(replace_all(r, s, to_str(arg(a, 0, "old")), to_str(arg(a, 1, "new")), is_integral(count) ? as_int(count) : -1));
+    }
+    if (name == "escape" || name == "e") {
+        Value text = string_value(v.markup ? s : html_escape(s));
+        text.markup = true;
+        return text;
+    }
+    if (name == "indent") return indent_filter(r, s, a);
+    return int_value((int64_t)split_method(s, none_value(), -1, false).list->size());  // wordcount
+}
+
+inline bool apply_test(Renderer& r, const std::string& name, const Value& v, const CallArgs& a) {
+    r.step();
+    if (name == "defined") return v.kind != Kind::Undefined;
+    if (name == "undefined") return v.kind == Kind::Undefined;
+    if (name == "none") return v.kind == Kind::None;
+    if (name == "string") return v.kind == Kind::String;
+    if (name == "mapping") return v.kind == Kind::Dict && !v.dict->is_namespace;
+    // an undefined value iterates (over nothing) and has a len, so Jinja2 counts it as both
+    if (name == "iterable") return v.kind == Kind::Undefined || v.kind == Kind::String || v.kind == Kind::List || (v.kind == Kind::Dict && !v.dict->is_namespace);
+    if (name == "sequence") return v.kind == Kind::Undefined || v.kind == Kind::String || (v.kind == Kind::List && v.seq != SeqKind::Generator) || (v.kind == Kind::Dict && !v.dict->is_namespace);
+    if (name == "number") return is_number(v);
+    if (name == "integer") return v.kind == Kind::Int;
+    if (name == "float") return v.kind == Kind::Float;
+    if (name == "boolean") return v.kind == Kind::Bool;
+    if (name == "true") return v.kind == Kind::Bool && v.boolean;
+    if (name == "false") return v.kind == Kind::Bool && !v.boolean;
+    if (name == "callable") return v.kind == Kind::Func;
+    if (name == "lower") return v.kind == Kind::String && ascii_lower(v.text) == v.text;
+    if (name == "upper") return v.kind == Kind::String && ascii_upper(v.text) == v.text;
+    if (name == "even" || name == "odd") {
+        if (!is_integral(v)) operand_fault("%", v, int_value(2));
+        return (floor_mod(as_int(v), 2) == 0) == (name == "even");
+    }
+    const Value other = arg(a, 0, "other");
+    if (name == "divisibleby") {
+        if (!is_integral(v) || !is_integral(other) || as_int(other) == 0) operand_fault("%", v, other);
+        return floor_mod(as_int(v), as_int(other)) == 0;
+    }
+    if (name == "eq" || name == "equalto" || name == "==") return equals(v, other);
+    if (name == "ne" || name == "!=") return !equals(v, other);
+    if (name == "sameas") return v.kind == other.kind && (v.kind == Kind::None || v.kind == Kind::Undefined || equals(v, other)) &&
+                                  (v.kind != Kind::Dict || v.dict == other.dict) && (v.kind != Kind::List || v.list == other.list);
+    if (name == "lt" || name == "lessthan" || name == "<") return compare(v, other, "<") < 0;
+    if (name == "le" || name == "<=") return compare(v, other, "<=") <= 0;
+    if (name == "gt" || name == "greaterthan" || name == ">") return compare(v, other, ">") > 0;
+    if (name == "ge" || name == ">=") return compare(v, other, ">=") >= 0;
+    if (name == "in") return contains(other, v);
+    fault("No test named '" + name + "' found.");
+}
+
+// ---- globals ----
+
+// strftime of `now` (Unix seconds, UTC) or of the local clock when now < 0.
+inline std::string format_time(const std::string& fmt, int64_t now) {
+    const time_t t = now >= 0 ? (time_t)now : std::time(nullptr);
+    std::tm tm{};
+#if defined(_WIN32)
+    if (now >= 0) gmtime_s(&tm, &t); else localtime_s(&tm, &t);
+#else
+    if (now >= 0) gmtime_r(&t, &tm); else localtime_r(&t, &tm);
+#endif
+    char buf[512];
+    const size_t n = fmt.size() < 200 ? std::strftime(buf, sizeof buf, fmt.c_str(), &tm) : 0;
+    return std::string(buf, n);
+}
+
+inline Value range_global(const CallArgs& a) {
+    for (auto& x : a.positional)
+        if (!is_integral(x)) fault("TypeError: range() needs integers, not " + type_name(x));
+    int64_t start = 0, stop = 0, step = 1;
+    if (a.positional.size() == 1) stop = as_int(a.positional[0]);
+    else if (a.positional.size() >= 2) {
+        start = as_int(a.positional[0]);
+        stop = as_int(a.positional[1]);
+        if (a.positional.size() >= 3) step = as_int(a.positional[2]);
+    }
+    if (step == 0) fault("ValueError: range() arg 3 must not be zero");
+    const long double count = step > 0 ? std::ceil(((long double)stop - start) / step) : std::ceil(((long double)start - stop) / -step);
+    if (count > (long double)kMaxItems) fault("range() of more than " + std::to_string(kMaxItems) + " items");
+    ValueList items;
+    for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) items.push_back(int_value(i));
+    return list_value(std::move(items));
+}
+
+// dict(mapping, **kw) and namespace(mapping, **kw).
+inline Value dict_global(const CallArgs& a, bool is_namespace) {
+    std::vector<std::pair<Value, Value>> items;
+    auto put = [&](const Value& k, const Value& v) {
+        if (is_namespace && k.kind == Kind::String && starts_with(k.text, "_"))
+            fault("SecurityError: namespace attribute names must not start with '_'");
+        for (auto& kv : items)
+            if (equals(kv.first, k)) {
+                kv.second = v;
+                return;
+            }
+        items.push_back({k, v});
+    };
+    for (auto& p : a.positional) {
+        if (p.kind == Kind::Dict && !p.dict->is_namespace) {
+            for (auto& kv : p.dict->items) put(kv.first, kv.second);
+        } else {
+            for (auto& pair : iterate(p)) {
+                if (pair.kind != Kind::List || pair.list->size() != 2) fault("ValueError: dictionary update sequence element has wrong length");
+                put((*pair.list)[0], (*pair.list)[1]);
+            }
+        }
+    }
+    for (auto& kv : a.named) put(string_value(kv.first), kv.second);
+    return dict_value(std::move(items), is_namespace);
+}
+
+inline Value lookup_global(const std::string& name) {
+    if (name == "range") return func_value("range", [](Renderer&, CallArgs& a) { return range_global(a); });
+    if (name == "dict") return func_value("dict", [](Renderer&, CallArgs& a) { return dict_global(a, false); });
+    if (name == "namespace") return func_value("namespace", [](Renderer&, CallArgs& a) { return dict_global(a, true); });
+    if (name == "raise_exception")
+        return func_value("raise_exception", [](Renderer&, CallArgs& a) -> Value {
+            throw Error(to_str(arg(a, 0, "message", string_value("raise_exception called"))));
+        });
+    if (name == "strftime_now")
+        return func_value("strftime_now", [](Renderer& r, CallArgs& a) {
+            return string_value(format_time(require_string(arg(a, 0, "format"), "strftime format").text, r.now));
+        });
+    return undefined_value("'" + name + "' is undefined");
+}
+
+// ---- 11g. Jinja statement and expression evaluation ---------------------------------------------
+
+inline CallArgs eval_args(Renderer& r, const ArgExprs& args) {
+    CallArgs a;
+    for (auto& e : args.positional) a.positional.push_back(e->eval(r));
+    for (auto& kv : args.named) a.named.push_back({kv.name, kv.value->eval(r)});
+    return a;
+}
+
+inline Value call_value(Renderer& r, const Value& callee, CallArgs& args) {
+    if (callee.kind == Kind::Undefined) undefined_fault(callee);
+    if (callee.kind != Kind::Func) fault("TypeError: '" + type_name(callee) + "' object is not callable");
+    r.step();
+    return callee.func->call(r, args);
+}
+
+inline Value NameExpr::eval(Renderer& r) const {
+    if (const Value* v = r.scope->find(name)) return *v;
+    return lookup_global(name);
+}
+
+inline Value ListExpr::eval(Renderer& r) const {
+    ValueList values;
+    for (auto& e : items) values.push_back(e->eval(r));
+    return list_value(std::move(values), tuple ? SeqKind::Tuple : SeqKind::List);
+}
+
+inline Value DictExpr::eval(Renderer& r) const {
+    CallArgs a;
+    ValueList pairs;
+    for (auto& kv : items) pairs.push_back(tuple_value({kv.first->eval(r), kv.second->eval(r)}));
+    a.positional.push_back(list_value(std::move(pairs)));
+    return dict_global(a, false);
+}
+
+inline Value AttributeExpr::eval(Renderer& r) const { return get_attribute(object->eval(r), name); }
+inline Value SubscriptExpr::eval(Renderer& r) const {
+    const Value obj = object->eval(r);
+    return get_item(obj, index->eval(r));
+}
+inline Value SliceExpr::eval(Renderer& r) const {
+    const Value obj = object->eval(r);
+    auto bound = [&](const ExprPtr& e) { return e ? e->eval(r) : none_value(); };
+    const Value lo = bound(start), hi = bound(stop), st = bound(step);
+    return slice_value(obj, lo, hi, st);
+}
+
+inline Value CallExpr::eval(Renderer& r) const {
+    const Value f = callee->eval(r);
+    CallArgs a = eval_args(r, args);
+    return call_value(r, f, a);
+}
+
+inline Value FilterExpr::apply(Renderer& r, const Value& input) const {
+    CallArgs a = eval_args(r, args);
+    return apply_filter(r, name, input, a);
+}
+inline Value FilterExpr::eval(Renderer& r) const { return apply(r, operand->eval(r)); }
+
+inline Value TestExpr::eval(Renderer& r) const {
+    const Value v = operand->eval(r);
+    CallArgs a = eval_args(r, args);
+    return bool_value(apply_test(r, name, v, a) != negated);
+}
+
+inline Value UnaryExpr::eval(Renderer& r) const {
+    const Value v = operand->eval(r);
+    if (op == "not") return bool_value(!truthy(v));
+    if (!is_number(v)) operand_fault(op, v, v);
+    if (op == "+") return v.kind == Kind::Bool ? int_value(as_int(v)) : v;
+    return v.kind == Kind::Float ? float_value(-v.number) : int_value(checked_int(-(long double)as_int(v), "-"));
+}
+
+inline Value BinaryExpr::eval(Renderer& r) const {
+    Value a = left->eval(r);
+    if (op == "and") return truthy(a) ? right->eval(r) : a;
+    if (op == "or") return truthy(a) ? a : right->eval(r);
+    const Value b = right->eval(r);
+    if (op == "~") {
+        std::string s = to_str(a) + to_str(b);
+        r.charge(s.size());
+        return string_value(std::move(s));
+    }
+    return arithmetic(r, op, a, b);
+}
+
+inline bool compare_op(const std::string& op, const Value& a, const Value& b) {
+    if (op == "==") return equals(a, b);
+    if (op == "!=") return !equals(a, b);
+    if (op == "in") return contains(b, a);
+    if (op == "not in") return !contains(b, a);
+    const int c = compare(a, b, op.c_str());
+    return op == "<" ? c < 0 : op == ">" ? c > 0 : op == "<=" ? c <= 0 : c >= 0;
+}
+
+inline Value CompareExpr::eval(Renderer& r) const {
+    Value a = first->eval(r);
+    for (auto& step : rest) {
+        Value b = step.second->eval(r);
+        if (!compare_op(step.first, a, b)) return bool_value(false);
+        a = std::move(b);
+    }
+    return bool_value(true);
+}
+
+inline Value CondExpr::eval(Renderer& r) const {
+    if (truthy(condition->eval(r))) return then->eval(r);
+    return otherwise ? otherwise->eval(r) : undefined_value("the inline if expression evaluated to false and no else section was defined");
+}
+
+inline void TextStmt::exec(Renderer& r) const { r.emit(text); }
+inline void OutputStmt::exec(Renderer& r) const { r.emit(to_str(value->eval(r))); }
+
+inline void IfStmt::exec(Renderer& r) const {
+    for (auto& b : branches)
+        if (truthy(b.first->eval(r))) {
+            r.exec(b.second);
+            return;
+        }
+    r.exec(otherwise);
+}
+
+// Binds for/set targets: one name, or a sequence unpacked into several.
+inline void assign_targets(Scope& scope, const std::vector<std::string>& targets, const Value& v) {
+    if (targets.size() == 1) {
+        scope.set(targets[0], v);
+        return;
+    }
+    const ValueList items = iterate(v);
+    if (items.size() != targets.size())
+        fault("ValueError: cannot unpack " + std::to_string(items.size()) + " values into " + std::to_string(targets.size()));
+    for (size_t i = 0; i < targets.size(); i++) scope.set(targets[i], items[i]);
+}
+
+// The `loop` variable of iteration i; `cycle` is the loop's one loop.cycle, reading `index`.
+inline Value loop_value(const ValueList& items, size_t i, const Value& cycle) {
+    const size_t n = items.size();
+    std::vector<std::pair<Value, Value>> f;
+    f.reserve(12);
+    auto put = [&](const char* k, Value v) { f.push_back({string_value(k), std::move(v)}); };
+    put("index", int_value((int64_t)i + 1));
+    put("index0", int_value((int64_t)i));
+    put("revindex", int_value((int64_t)(n - i)));
+    put("revindex0", int_value((int64_t)(n - i - 1)));
+    put("first", bool_value(i == 0));
+    put("last", bool_value(i + 1 == n));
+    put("length", int_value((int64_t)n));
+    put("depth", int_value(1));
+    put("depth0", int_value(0));
+    put("previtem", i > 0 ? items[i - 1] : undefined_value("there is no previous item"));
+    put("nextitem", i + 1 < n ? items[i + 1] : undefined_value("there is no next item"));
+    put("cycle", cycle);
+    return dict_value(std::move(f));
+}
+
+inline void ForStmt::exec(Renderer& r) const {
+    const Value seq = iterable->eval(r);
+    std::shared_ptr<const ValueList> walked = seq.kind == Kind::List ? seq.list : std::make_shared<const ValueList>(iterate(seq));
+    Scope loop_scope;
+    loop_scope.parent = r.scope;
+    r.scope = &loop_scope;
+    try {
+        if (filter) {
+            ValueList kept;
+            for (auto& x : *walked) {
+                r.step();
+                assign_targets(loop_scope, targets, x);
+                if (truthy(filter->eval(r))) kept.push_back(x);
+            }
+            walked = std::make_shared<const ValueList>(std::move(kept));
+        }
+        const ValueList& items = *walked;
+        auto index = std::make_shared<size_t>(0);
+        const Value cycle = func_value("loop.cycle", [index](Renderer&, CallArgs& a) {
+            if (a.positional.empty()) fault("TypeError: no items for cycling given");
+            return a.positional[*index % a.positional.size()];
+        });
+        for (size_t i = 0; i < items.size(); i++) {
+            r.step();
+            *index = i;
+            assign_targets(loop_scope, targets, items[i]);
+            if (uses_loop) loop_scope.set("loop", loop_value(items, i, cycle));
+            r.exec(body);
+            if (r.flow == Flow::Break) {
+                r.flow = Flow::Normal;
+                break;
+            }
+            r.flow = Flow::Normal;
+        }
+    } catch (...) {
+        r.scope = loop_scope.parent;
+        throw;
+    }
+    r.scope = loop_scope.parent;
+    if (walked->empty()) r.exec(otherwise);
+}
+
+inline void SetStmt::exec(Renderer& r) const {
+    Value v;
+    if (value) {
+        v = value->eval(r);
+    } else {
+        v = string_value(r.capture(block));
+        for (auto& f : filters) v = f->apply(r, v);
+    }
+    if (!attribute) {
+        assign_targets(*r.scope, targets, v);
+        return;
+    }
+    const Value* ns = r.scope->find(targets[0]);
+    if (!ns || ns->kind != Kind::Dict || !ns->dict->is_namespace) fault("cannot assign attribute on non-namespace object");
+    if (v.kind == Kind::Dict && v.dict->is_namespace) fault("a namespace cannot hold a namespace");
+    for (auto& kv : ns->dict->items)
+        if (kv.first.text == targets[1]) {
+            kv.second = std::move(v);
+            return;
+        }
+    ns->dict->items.push_back({string_value(targets[1]), std::move(v)});
+}
+
+inline void MacroStmt::exec(Renderer& r) const {
+    const MacroStmt* macro = this;
+    r.scope->set(name, func_value(name, [macro](Renderer& rr, CallArgs& a) {
+        if (++rr.call_depth > rr.limits.max_call_depth)
+            fault("macro calls nested more than " + std::to_string(rr.limits.max_call_depth) + " deep");
+        Scope local;
+        local.parent = rr.root;
+        if (a.positional.size() > macro->params.size()) fault("macro '" + macro->name + "' takes " + std::to_string(macro->params.size()) + " arguments");
+        for (auto& kv : a.named)
+            if (std::none_of(macro->params.begin(), macro->params.end(), [&](auto& p) { return p.first == kv.first; }))
+                fault("macro '" + macro->name + "' takes no keyword argument '" + kv.first + "'");
+        Scope* saved = rr.scope;
+        rr.scope = &local;
+        std::string out;
+        try {
+            for (size_t i = 0; i < macro->params.size(); i++) {
+                const auto& p = macro->params[i];
+                Value v = arg(a, i, p.first.c_str(), undefined_value("parameter '" + p.first + "' was not provided"));
+                if (v.kind == Kind::Undefined && p.second) v = p.second->eval(rr);
+                local.set(p.first, std::move(v));
+            }
+            out = rr.capture(macro->body);
+        } catch (...) {
+            rr.scope = saved;
+            rr.call_depth--;
+            throw;
+        }
+        rr.scope = saved;
+        rr.call_depth--;
+        return string_value(std::move(out));
+    }));
+}
+
+inline void FilterBlockStmt::exec(Renderer& r) const {
+    Value v = string_value(r.capture(body));
+    for (auto& f : filters) v = f->apply(r, v);
+    r.emit(to_str(v));
+}
+
+inline void LoopControlStmt::exec(Renderer& r) const { r.flow = is_break ? Flow::Break : Flow::Continue; }
+
+} // namespace jinja_detail
+
+struct JinjaTemplate::Program {
+    jinja_detail::Body body;
+};
+
+JinjaTemplate::JinjaTemplate(const std::string& source) {
+    auto p = std::make_shared<Program>();
+    try {
+        p->body = jinja_detail::Parser(jinja_detail::Lexer(source).run()).parse_template();
+    } catch (const jinja_detail::Fault& f) {  // a value built while parsing (a literal too deep)
+        throw Error("template: " + f.message);
+    }
+    program_ = std::move(p);
+}
+
+// ---- 11h. Rendering: a program with variables, a chat request as transformers prepares it -------
+
+namespace jinja_detail {
+
+// Renders a parsed program with these variables (a dict value).
+inline std::string render_program(const Body& body, const Value& vars, int64_t now, const JinjaLimits& limits) {
+    Scope root;
+    for (auto& kv : vars.dict->items) root.set(to_str(kv.first), kv.second);
+    std::string out;
+    Renderer r;
+    r.limits = limits;
+    r.now = now;
+    r.out = &out;
+    r.scope = r.root = &root;
+    try {
+        r.exec(body);
+    } catch (const Fault& f) {
+        throw Error("template line " + std::to_string(r.line) + ": " + f.message);
+    }
+    return out;
+}
+
+inline Value parse_json_object(const std::string& text, const char* what) {
+    Value v;
+    try {
+        v = parse_json(text);
+    } catch (const Fault& f) {
+        throw Error(std::string(what) + ": " + f.message);
+    }
+    if (v.kind != Kind::Dict) throw Error(std::string(what) + " must be a JSON object");
+    return v;
+}
+
+// A message as transformers hands it to the template: members whose value is null dropped, and
+// reasoning text (reasoning_content, thinking or reasoning) given as `thinking` first and as
+// `reasoning_content`.
+inline Value preprocess_message(const Value& m) {
+    if (m.kind != Kind::Dict) throw Error("chat request: each message must be an object");
+    std::vector<std::pair<Value, Value>> kept;
+    const Value* reasoning = nullptr;
+    for (const char* key : {"reasoning_content", "thinking", "reasoning"}) {
+        const Value* v = dict_find(*m.dict, key);
+        if (!reasoning && v && v->kind != Kind::None) reasoning = v;
+    }
+    if (reasoning) kept.push_back({string_value("thinking"), *reasoning});
+    bool has_reasoning_content = false;
+    for (auto& kv : m.dict->items) {
+        if (kv.second.kind == Kind::None || (reasoning && kv.first.text == "thinking")) continue;
+        if (reasoning && kv.first.text == "reasoning_content") {
+            kept.push_back({kv.first, *reasoning});
+            has_reasoning_content = true;
+            continue;
+        }
+        kept.push_back(kv);
+    }
+    if (reasoning && !has_reasoning_content) kept.push_back({string_value("reasoning_content"), *reasoning});
+    return dict_value(std::move(kept));
+}
+
+} // namespace jinja_detail
+
+std::string JinjaTemplate::render(const std::string& variables_json, int64_t now, const JinjaLimits& limits) const {
+    return jinja_detail::render_program(program_->body, jinja_detail::parse_json_object(variables_json, "template variables"), now, limits);
+}
+
+std::string chat_apply_template(const JinjaTemplate& tpl, const std::string& request_json, int64_t now, const JinjaLimits& limits) {
+    using namespace jinja_detail;
+    const Value req = parse_json_object(request_json, "chat request");
+    auto member = [&](const char* key) {
+        const Value* v = dict_find(*req.dict, key);
+        return v ? *v : none_value();
+    };
+    const Value messages = member("messages");
+    if (messages.kind != Kind::List) throw Error("chat request: \"messages\" must be an array");
+    ValueList prepared;
+    for (auto& m : *messages.list) prepared.push_back(preprocess_message(m));
+    auto text = [&](const char* key) {
+        const Value v = member(key);
+        if (v.kind != Kind::None && v.kind != Kind::String) throw Error(std::string("chat request: \"") + key + "\" must be a string");
+        return string_value(v.text);
+    };
+    std::vector<std::pair<Value, Value>> vars = {
+        {string_value("messages"), list_value(std::move(prepared))},
+        {string_value("tools"), member("tools")},
+        {string_value("documents"), none_value()},
+        {string_value("add_generation_prompt"), bool_value(truthy(member("add_generation_prompt")))},
+        {string_value("bos_token"), text("bos_token")},
+        {string_value("eos_token"), text("eos_token")},
+    };
+    const Value kwargs = member("chat_template_kwargs");
+    if (kwargs.kind == Kind::Dict) {
+        for (auto& kv : kwargs.dict->items) {
+            auto same = [&](const std::pair<Value, Value>& v) { return v.first.text == kv.first.text; };
+            auto it = std::find_if(vars.begin(), vars.end(), same);
+            if (it != vars.end()) it->second = kv.second;
+            else vars.push_back(kv);
+        }
+    } else if (kwargs.kind != Kind::None) {
+        throw Error("chat request: \"chat_template_kwargs\" must be an object");
+    }
+    return render_program(tpl.program_->body, dict_value(std::move(vars)), now, limits);
+}
+
+// ---- 11i. Tool calls and reasoning in generated text ---------------------------------------------
+// Each parse reads the whole text generated so far; `partial` means more may follow, so a suffix that
+// could still become a marker is held back and an unfinished call is reported as far as it goes
+// (its name once complete, its arguments as a growing prefix). ChatOutputParser diffs successive
+// parses into deltas, which is exact because every parse of a longer text extends the previous one.
+
+namespace toolcall_detail {
+
+using jinja_detail::Value;
+using jinja_detail::Kind;
+using chat_detail::starts_with;
+
+struct ThinkTags {
+    const char* open;
+    const char* close;
+};
+inline const ThinkTags kThinkTags[] = {
+    {"<think>", "</think>"}, {"<|START_THINKING|>", "<|END_THINKING|>"}, {"[THINK]", "[/THINK]"}, {"<seed:think>", "</seed:think>"}};
+
+inline bool is_json_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+inline size_t skip_space(const std::string& s, size_t pos) {
+    while (pos < s.size() && is_json_space(s[pos])) pos++;
+    return pos;
+}
+
+// Bytes at the end of s (from `from` on) that are a proper prefix of marker.
+inline size_t marker_prefix_at_end(const std::string& s, size_t from, const std::string& marker) {
+    for (size_t n = std::min(marker.size() - 1, s.size() - std::min(from, s.size())); n > 0; n--)
+        if (s.compare(s.size() - n, n, marker, 0, n) == 0) return n;
+    return 0;
+}
+
+// One past the JSON value starting at pos (after spaces), npos if the text ends inside it.
+inline size_t json_value_end(const std::string& s, size_t pos) {
+    pos = skip_space(s, pos);
+    if (pos >= s.size()) return std::string::npos;
+    const char c = s[pos];
+    if (c == '{' || c == '[' || c == '"') {
+        int depth = 0;
+        bool in_string = false;
+        for (size_t i = pos; i < s.size(); i++) {
+            const char ch = s[i];
+            if (in_string) {
+                if (ch == '\\') i++;
+                else if (ch == '"' && (in_string = false, depth == 0)) return i + 1;
+            } else if (ch == '"') {
+                in_string = true;
+            } else if (ch == '{' || ch == '[') {
+                depth++;
+            } else if ((ch == '}' || ch == ']') && --depth == 0) {
+                return i + 1;
+            }
+        }
+        return std::string::npos;
+    }
+    size_t i = pos;
+    while (i < s.size() && (std::isalnum((unsigned char)s[i]) || s[i] == '-' || s[i] == '+' || s[i] == '.')) i++;
+    return i == s.size() ? std::string::npos : i;
+}
+
+inline bool parse_json_quietly(const std::string& text, Value& out) {
+    try {
+        out = jinja_detail::parse_json(text);
+        return true;
+    } catch (const Error&) {
+    } catch (const jinja_detail::Fault&) {
+    }
+    return false;
+}
+
+struct Member {
+    std::string key;
+    size_t start = 0, end = std::string::npos;  // the value's span; end npos: not finished
+};
+struct ObjectScan {
+    std::vector<Member> members;
+    size_t end = std::string::npos;  // one past '}', npos if not finished
+    bool invalid = false;
+};
+
+// The members of the JSON object at pos ('{'), as far as the text goes.
+inline ObjectScan scan_object(const std::string& s, size_t pos) {
+    ObjectScan scan;
+    size_t i = pos + 1;
+    while (true) {
+        i = skip_space(s, i);
+        if (i >= s.size()) return scan;
+        if (s[i] == '}') {
+            scan.end = i + 1;
+            return scan;
+        }
+        if (s[i] != '"') break;
+        const size_t key_end = json_value_end(s, i);
+        if (key_end == std::string::npos) return scan;
+        Value key;
+        if (!parse_json_quietly(s.substr(i, key_end - i), key)) break;
+        i = skip_space(s, key_end);
+        if (i >= s.size()) return scan;
+        if (s[i] != ':') break;
+        Member m;
+        m.key = key.text;
+        m.start = skip_space(s, i + 1);
+        m.end = json_value_end(s, m.start);
+        scan.members.push_back(m);
+        if (m.end == std::string::npos) return scan;
+        i = skip_space(s, m.end);
+        if (i >= s.size()) return scan;
+        if (s[i] == ',') {
+            i++;
+            continue;
+        }
+        if (s[i] == '}') {
+            scan.end = i + 1;
+            return scan;
+        }
+        break;
+    }
+    scan.invalid = true;
+    return scan;
+}
+
+inline const Member* find_member(const ObjectScan& scan, std::initializer_list<const char*> keys) {
+    for (const char* k : keys)
+        for (auto& m : scan.members)
+            if (m.key == k) return &m;
+    return nullptr;
+}
+
+// A value (complete or not) as the arguments text: objects as written, a JSON string decoded
+// (models that quote their arguments), a partial string withheld.
+inline std::string arguments_text(const std::string& s, const Member& m) {
+    if (m.end == std::string::npos) return s[m.start] == '"' ? "" : s.substr(m.start);
+    const std::string raw = s.substr(m.start, m.end - m.start);
+    Value v;
+    if (raw[0] == '"' && parse_json_quietly(raw, v)) return v.text;
+    return raw;
+}
+
+// Compact JSON of a tool parameter written as text (XML formats): JSON if it parses, else a string.
+inline std::string parameter_json(const std::string& raw) {
+    std::string text = raw;
+    if (starts_with(text, "\n")) text.erase(0, 1);
+    if (chat_detail::ends_with(text, "\n")) text.pop_back();
+    Value v;
+    std::string out;
+    if (!parse_json_quietly(text, v) || v.kind == Kind::String) v = jinja_detail::string_value(text);
+    jinja_detail::json_dump(out, v, jinja_detail::JsonStyle{}, 0, SIZE_MAX);
+    return out;
+}
+
+struct Parse {
+    const std::string& s;
+    const ChatParseOptions& opt;
+    bool partial;
+    ChatParsed out;
+    bool stop = false;  // partial: the rest is undecided
+
+    // Content up to the first of the markers; returns its index (pos at it), or -1 at the end of
+    // the text (holding back a suffix that may start a marker).
+    int content_until(size_t& pos, std::initializer_list<const char*> markers) {
+        size_t best = std::string::npos;
+        int which = -1, i = 0;
+        for (const char* m : markers) {
+            const size_t at = s.find(m, pos);
+            if (at < best) best = at, which = i;
+            i++;
+        }
+        if (which >= 0) {
+            out.content.append(s, pos, best - pos);
+            pos = best;
+            return which;
+        }
+        size_t held = 0;
+        if (partial)
+            for (const char* m : markers) held = std::max(held, marker_prefix_at_end(s, pos, m));
+        out.content.append(s, pos, s.size() - pos - held);
+        pos = s.size();
+        stop = held > 0;
+        return -1;
+    }
+
+    // Skips `marker` at pos (after spaces); false if absent. Partial text ending in a prefix of it stops.
+    bool take(size_t& pos, const std::string& marker) {
+        const size_t at = skip_space(s, pos);
+        if (s.compare(at, marker.size(), marker) == 0) {
+            pos = at + marker.size();
+            return true;
+        }
+        if (partial && s.size() - at < marker.size() && marker.compare(0, s.size() - at, s, at, std::string::npos) == 0) stop = true;
+        return false;
+    }
+
+    // Text from pos up to `end_marker` (pos moves past it); a partial text gives what is there and stops.
+    bool text_until(size_t& pos, const std::string& end_marker, std::string& text) {
+        const size_t at = s.find(end_marker, pos);
+        if (at == std::string::npos) {
+            text = s.substr(pos, s.size() - pos - (partial ? marker_prefix_at_end(s, pos, end_marker) : 0));
+            pos = s.size();
+            stop = partial;
+            return false;
+        }
+        text = s.substr(pos, at - pos);
+        pos = at + end_marker.size();
+        return true;
+    }
+
+    void add_call(std::string id, std::string name, std::string arguments) {
+        out.tool_calls.push_back({std::move(id), std::move(name), std::move(arguments)});
+    }
+
+    // A call from the JSON object at pos: {"name": ..., args_key: {...}}. pos moves past it.
+    bool call_from_object(size_t& pos, std::initializer_list<const char*> name_keys, std::initializer_list<const char*> args_keys,
+                          std::initializer_list<const char*> id_keys) {
+        const ObjectScan scan = scan_object(s, pos);
+        const Member* name = find_member(scan, name_keys);
+        const Member* args = find_member(scan, args_keys);
+        const Member* id = find_member(scan, id_keys);
+        auto member_value = [&](const Member* m, Value& v) {
+            return m && m->end != std::string::npos && parse_json_quietly(s.substr(m->start, m->end - m->start), v);
+        };
+        Value name_value, id_value;
+        const std::string id_text = member_value(id, id_value) ? jinja_detail::to_str(id_value) : "";
+        const bool named = member_value(name, name_value) && name_value.kind == Kind::String;
+        if (scan.end == std::string::npos && !scan.invalid && partial) {  // unfinished: reported once named
+            stop = true;                                                  // (and its id known, if it has one)
+            if (named && args && (id_keys.size() == 0 || !id_text.empty())) add_call(id_text, name_value.text, arguments_text(s, *args));
+            pos = s.size();
+            return true;
+        }
+        if (scan.end == std::string::npos || !named || !args) return false;
+        add_call(id_text, name_value.text, arguments_text(s, *args));
+        pos = scan.end;
+        return true;
+    }
+
+    // Calls from a JSON array of call objects, pos just after its '['; true once the ']' is passed.
+    bool call_array(size_t& pos, std::initializer_list<const char*> name_keys, std::initializer_list<const char*> args_keys,
+                    std::initializer_list<const char*> id_keys) {
+        while (!stop) {
+            pos = skip_space(s, pos);
+            if (pos >= s.size()) {
+                stop = partial;
+                return false;
+            }
+            if (s[pos] == ']') {
+                pos++;
+                return true;
+            }
+            if (s[pos] == ',') {
+                pos++;
+                continue;
+            }
+            if (s[pos] != '{' || !call_from_object(pos, name_keys, args_keys, id_keys)) return false;
+        }
+        return false;
+    }
+
+    // JSON arguments at pos (after spaces), complete or a growing prefix; false if the text ended.
+    bool json_arguments(size_t& pos, std::string& args) {
+        const size_t start = skip_space(s, pos);
+        const size_t end = json_value_end(s, start);
+        if (end == std::string::npos) {
+            args = s.substr(start);
+            pos = s.size();
+            stop = partial;
+            return false;
+        }
+        args = s.substr(start, end - start);
+        pos = end;
+        return true;
+    }
+};
+
+// ---- reasoning ----
+
+// Splits off a leading thinking block (or the rest of one the prompt opened); returns where the
+// answer starts, s.size() with p.stop set if that is not known yet.
+inline size_t take_reasoning(Parse& p) {
+    const std::string& s = p.s;
+    size_t pos = 0;
+    const char* close = nullptr;
+    if (p.opt.thinking_open) {
+        size_t best = std::string::npos;
+        for (auto& t : kThinkTags) {
+            const size_t at = s.find(t.close);
+            if (at < best) best = at, close = t.close;
+        }
+        if (!close) close = kThinkTags[0].close;
+    } else {
+        pos = skip_space(s, 0);
+        for (auto& t : kThinkTags) {
+            const std::string open = t.open;
+            if (s.compare(pos, open.size(), open) == 0) {
+                close = t.close;
+                pos += open.size();
+                break;
+            }
+            if (p.partial && pos < s.size() && s.size() - pos < open.size() && open.compare(0, s.size() - pos, s, pos) == 0) {
+                p.stop = true;  // maybe the start of a thinking block
+                return s.size();
+            }
+        }
+        if (!close) return 0;
+        if (p.partial && pos == s.size()) {
+            p.stop = true;
+            return s.size();
+        }
+    }
+    std::string reasoning;
+    const bool closed = p.text_until(pos, close, reasoning);
+    // trimmed; while streaming, trailing spaces wait until more reasoning follows them
+    p.out.reasoning_content = jinja_detail::py_strip(reasoning);
+    if (!closed) return s.size();
+    const size_t answer = skip_space(s, pos);
+    if (p.partial && answer == s.size()) p.stop = true;
+    return answer;
+}
+
+// ---- formats ----
+
+inline void parse_hermes(Parse& p, size_t pos) {
+    while (!p.stop && p.content_until(pos, {"<tool_call>"}) == 0) {
+        const size_t marker = pos;
+        pos += std::strlen("<tool_call>");
+        const size_t obj = skip_space(p.s, pos);
+        if (obj >= p.s.size()) {
+            p.stop = p.partial;
+            if (!p.partial) p.out.content.append(p.s, marker, std::string::npos);
+            return;
+        }
+        if (p.s[obj] != '{' || !p.call_from_object(pos = obj, {"name"}, {"arguments", "parameters"}, {})) {
+            p.out.content += "<tool_call>";
+            pos = marker + std::strlen("<tool_call>");
+            continue;
+        }
+        if (p.stop) return;
+        p.take(pos, "</tool_call>");
+        pos = skip_space(p.s, pos);
+    }
+}
+
+// <tool_call> with XML parameters: Qwen3-Coder's <function=name><parameter=k>v</parameter> and
+// GLM's name<arg_key>k</arg_key><arg_value>v</arg_value>.
+inline void parse_xml_calls(Parse& p, size_t pos, bool glm) {
+    while (!p.stop && p.content_until(pos, {"<tool_call>"}) == 0) {
+        pos += std::strlen("<tool_call>");
+        std::string name;
+        if (glm) {
+            const size_t start = skip_space(p.s, pos);
+            size_t end = start;
+            while (end < p.s.size() && p.s[end] != '\n' && p.s[end] != '<') end++;
+            if (end >= p.s.size() && p.partial) {
+                p.stop = true;
+                return;
+            }
+            name = chat_detail::py_strip(p.s.substr(start, end - start));
+            pos = end;
+        } else {
+            if (!p.take(pos, "<function=")) {
+                if (!p.stop) p.out.content += "<tool_call>";
+                continue;
+            }
+            if (!p.text_until(pos, ">", name)) return;
+        }
+        std::string args = "{";
+        bool closed = false;
+        while (!p.stop) {
+            std::string key, value;
+            if (glm ? p.take(pos, "<arg_key>") : p.take(pos, "<parameter=")) {
+                if (!p.text_until(pos, glm ? "</arg_key>" : ">", key)) break;
+                if (glm && !p.take(pos, "<arg_value>")) break;
+                if (!p.text_until(pos, glm ? "</arg_value>" : "</parameter>", value)) break;
+                std::string member;
+                chat_detail::json_append_string(member, key, false);
+                args += (args.size() > 1 ? ", " : "") + member + ": " + parameter_json(value);
+                continue;
+            }
+            if (p.stop) break;
+            if (!glm) p.take(pos, "</function>");
+            if (p.stop) break;
+            closed = p.take(pos, "</tool_call>") || !p.partial;
+            break;
+        }
+        if (closed || (!p.partial)) args += "}";
+        p.add_call("", name, args);
+        if (!closed) {
+            p.stop = p.partial;
+            return;
+        }
+        pos = skip_space(p.s, pos);
+    }
+}
+
+// Python keyword arguments of a builtin call, name.call(query="x", n=1), as a JSON object.
+inline bool python_call_arguments(const std::string& call, std::string& args) {
+    args = "{";
+    size_t i = 0;
+    while (true) {
+        i = skip_space(call, i);
+        if (i >= call.size()) break;
+        const size_t eq = call.find('=', i);
+        if (eq == std::string::npos) return false;
+        std::string key = chat_detail::py_strip(call.substr(i, eq - i)), member;
+        size_t v = skip_space(call, eq + 1), end = v;
+        Value value;
+        if (v < call.size() && (call[v] == '"' || call[v] == '\'')) {
+            const char q = call[v];
+            std::string text;
+            for (end = v + 1; end < call.size() && call[end] != q; end++) {
+                if (call[end] == '\\' && end + 1 < call.size()) end++;
+                text += call[end];
+            }
+            if (end >= call.size()) return false;
+            value = jinja_detail::string_value(text);
+            end++;
+        } else {
+            while (end < call.size() && call[end] != ',') end++;
+            std::string lit = chat_detail::py_strip(call.substr(v, end - v));
+            if (lit == "True" || lit == "False") lit = lit == "True" ? "true" : "false";
+            if (!parse_json_quietly(lit, value)) value = jinja_detail::string_value(lit);
+        }
+        chat_detail::json_append_string(member, key, false);
+        std::string json;
+        jinja_detail::json_dump(json, value, jinja_detail::JsonStyle{}, 0, SIZE_MAX);
+        args += (args.size() > 1 ? ", " : "") + member + ": " + json;
+        i = skip_space(call, end);
+        if (i < call.size() && call[i] == ',') i++;
+    }
+    args += "}";
+    return true;
+}
+
+// <|python_tag|> then a JSON call, a builtin name.call(...), or code for the python tool.
+inline void parse_python_tag(Parse& p, size_t pos) {
+    const size_t start = skip_space(p.s, pos);
+    if (start < p.s.size() && p.s[start] == '{') {
+        size_t at = start;
+        if (p.call_from_object(at, {"name"}, {"parameters", "arguments"}, {"id"})) return;
+    }
+    if (p.partial) {
+        p.stop = true;
+        return;
+    }
+    std::string body = chat_detail::py_rstrip(p.s.substr(start));
+    for (const char* end : {"<|eom_id|>", "<|eot_id|>"})
+        if (chat_detail::ends_with(body, end)) body.resize(body.size() - std::strlen(end));
+    const size_t paren = body.find(".call(");
+    std::string args;
+    if (paren != std::string::npos && chat_detail::ends_with(body, ")") &&
+        python_call_arguments(body.substr(paren + 6, body.size() - paren - 7), args)) {
+        p.add_call("", body.substr(0, paren), args);
+        return;
+    }
+    std::string code;
+    chat_detail::json_append_string(code, body, false);
+    p.add_call("", "python", "{\"code\": " + code + "}");
+}
+
+inline void parse_llama3(Parse& p, size_t pos) {
+    while (!p.stop) {
+        const size_t obj = skip_space(p.s, pos);
+        if (obj < p.s.size() && p.s[obj] == '{') {
+            size_t at = obj;
+            if (p.call_from_object(at, {"name"}, {"parameters", "arguments"}, {})) {
+                pos = at;
+                if (p.stop) return;
+                const size_t next = skip_space(p.s, pos);
+                pos = next < p.s.size() && p.s[next] == ';' ? next + 1 : next;
+                if (pos >= p.s.size()) return;
+                continue;
+            }
+        }
+        break;
+    }
+    if (p.stop) return;
+    if (p.content_until(pos, {"<|python_tag|>"}) == 0) parse_python_tag(p, pos + std::strlen("<|python_tag|>"));
+}
+
+inline void parse_mistral(Parse& p, size_t pos) {
+    while (!p.stop && p.content_until(pos, {"[TOOL_CALLS]"}) == 0) {
+        pos = skip_space(p.s, pos + std::strlen("[TOOL_CALLS]"));
+        if (pos >= p.s.size()) {
+            p.stop = p.partial;
+            return;
+        }
+        if (p.s[pos] == '[') {  // [{"name": ..., "arguments": {...}, "id": ...}, ...]
+            if (!p.call_array(++pos, {"name"}, {"arguments", "parameters"}, {"id"})) return;
+            continue;
+        }
+        std::string name, args;  // name[ARGS]{...}
+        if (!p.text_until(pos, "[ARGS]", name)) return;
+        const bool done = p.json_arguments(pos, args);
+        p.add_call("", chat_detail::py_strip(name), args);
+        if (!done) return;
+    }
+}
+
+inline void parse_deepseek(Parse& p, size_t pos) {
+    static const std::string begin = "<｜tool▁call▁begin｜>", sep = "<｜tool▁sep｜>", end = "<｜tool▁call▁end｜>",
+                             section = "<｜tool▁calls▁begin｜>", section_end = "<｜tool▁calls▁end｜>";
+    while (!p.stop && p.content_until(pos, {"<｜tool▁calls▁begin｜>", "<｜tool▁call▁begin｜>"}) >= 0) {
+        p.take(pos, section);
+        while (!p.stop && p.take(pos, begin)) {
+            std::string first, name, args;
+            if (!p.text_until(pos, sep, first)) return;
+            if (first == "function") {  // R1: function<sep>name\n```json\n{...}\n```
+                if (!p.text_until(pos, "\n", name)) return;
+                p.take(pos, "```json");
+                if (p.stop) return;
+            } else {
+                name = first;
+            }
+            const bool done = p.json_arguments(pos, args);
+            p.add_call("", chat_detail::py_strip(name), args);
+            if (!done) return;
+            p.take(pos, "```");
+            if (!p.stop) p.take(pos, end);
+        }
+        if (!p.stop) p.take(pos, section_end);
+        pos = skip_space(p.s, pos);
+    }
+}
+
+inline void parse_functionary_v31(Parse& p, size_t pos) {
+    while (!p.stop) {
+        const int which = p.content_until(pos, {"<function=", "<|python_tag|>"});
+        if (which < 0) return;
+        if (which == 1) {
+            parse_python_tag(p, pos + std::strlen("<|python_tag|>"));
+            return;
+        }
+        pos += std::strlen("<function=");
+        std::string name, args;
+        if (!p.text_until(pos, ">", name)) return;
+        const bool done = p.json_arguments(pos, args);
+        p.add_call("", name, args);
+        if (!done) return;
+        p.take(pos, "</function>");
+    }
+}
+
+// Functionary v3.2: blocks "recipient\nbody" separated by ">>>", the first opened by the prompt.
+inline void parse_functionary_v32(Parse& p, size_t pos) {
+    while (!p.stop && pos < p.s.size()) {
+        std::string recipient;
+        const size_t line_end = p.s.find('\n', pos);
+        if (line_end == std::string::npos) {
+            if (p.partial) {
+                p.stop = true;
+                return;
+            }
+            p.out.content.append(p.s, pos, std::string::npos);
+            return;
+        }
+        recipient = chat_detail::py_strip(p.s.substr(pos, line_end - pos));
+        pos = line_end + 1;
+        if (recipient == "all") {
+            if (p.content_until(pos, {">>>"}) < 0) return;
+            pos += 3;
+            continue;
+        }
+        std::string args;
+        const bool done = p.json_arguments(pos, args);
+        p.add_call("", recipient, args);
+        if (!done) return;
+        if (!p.take(pos, ">>>")) return;
+    }
+}
+
+inline void parse_command_r7b(Parse& p, size_t pos) {
+    while (!p.stop) {
+        const int which = p.content_until(pos, {"<|START_ACTION|>", "<|START_RESPONSE|>", "<|END_RESPONSE|>"});
+        if (which < 0) return;
+        if (which > 0) {  // the response markers themselves are not content
+            pos += which == 1 ? std::strlen("<|START_RESPONSE|>") : std::strlen("<|END_RESPONSE|>");
+            continue;
+        }
+        pos = skip_space(p.s, pos + std::strlen("<|START_ACTION|>"));
+        if (!p.take(pos, "[") || !p.call_array(pos, {"tool_name"}, {"parameters"}, {"tool_call_id"})) return;
+        p.take(pos, "<|END_ACTION|>");
+    }
+}
+
+// GPT-OSS harmony: messages "<|start|>assistant<|channel|>C[ to=R]<|message|>body<|end|>"; the
+// prompt opens the first one. analysis is reasoning, final and commentary content, commentary
+// addressed to functions.NAME a call.
+inline void parse_harmony(Parse& p, size_t pos) {
+    while (!p.stop && pos < p.s.size()) {
+        const bool started = p.take(pos, "<|start|>");
+        if (p.stop) return;
+        if (!started && p.s.compare(skip_space(p.s, pos), 11, "<|channel|>") != 0) {  // plain text
+            p.content_until(pos, {"<|start|>", "<|channel|>"});
+            continue;
+        }
+        std::string header;
+        if (!p.text_until(pos, "<|message|>", header)) return;
+        const size_t ch = header.find("<|channel|>");
+        std::string channel = ch == std::string::npos ? "" : header.substr(ch + 11);
+        channel = channel.substr(0, channel.find_first_of(" <"));
+        const size_t to = header.find("to=");
+        std::string recipient = to == std::string::npos ? "" : header.substr(to + 3);
+        recipient = recipient.substr(0, recipient.find_first_of(" <"));
+        size_t best = std::string::npos, marker_len = 0;
+        for (const char* m : {"<|end|>", "<|call|>", "<|return|>", "<|start|>"}) {
+            const size_t at = p.s.find(m, pos);
+            if (at < best) best = at, marker_len = std::strcmp(m, "<|start|>") == 0 ? 0 : std::strlen(m);
+        }
+        std::string body;
+        if (best == std::string::npos) {
+            size_t held = 0;
+            if (p.partial)
+                for (const char* m : {"<|end|>", "<|call|>", "<|return|>", "<|start|>"}) held = std::max(held, marker_prefix_at_end(p.s, pos, m));
+            body = p.s.substr(pos, p.s.size() - pos - held);
+            pos = p.s.size();
+            p.stop = p.partial;
+        } else {
+            body = p.s.substr(pos, best - pos);
+            pos = best + marker_len;
+        }
+        if (starts_with(recipient, "functions.")) {
+            p.add_call("", recipient.substr(10), p.stop ? jinja_detail::py_lstrip(body) : jinja_detail::py_strip(body));
+        } else if (channel == "analysis") {
+            if (p.opt.extract_reasoning) p.out.reasoning_content += body;
+            else p.out.content += body;
+        } else {
+            p.out.content += body;
+        }
+    }
+}
+
+inline void parse_kimi(Parse& p, size_t pos) {
+    while (!p.stop && p.content_until(pos, {"<|tool_calls_section_begin|>", "<|tool_call_begin|>"}) >= 0) {
+        p.take(pos, "<|tool_calls_section_begin|>");
+        while (!p.stop && p.take(pos, "<|tool_call_begin|>")) {
+            std::string id, args;
+            if (!p.text_until(pos, "<|tool_call_argument_begin|>", id)) return;
+            id = chat_detail::py_strip(id);
+            std::string name = starts_with(id, "functions.") ? id.substr(10) : id;
+            name = name.substr(0, name.rfind(':'));
+            const bool done = p.json_arguments(pos, args);
+            p.add_call(id, name, args);
+            if (!done) return;
+            p.take(pos, "<|tool_call_end|>");
+        }
+        if (!p.stop) p.take(pos, "<|tool_calls_section_end|>");
+        pos = skip_space(p.s, pos);
+    }
+}
+
+inline ChatParsed parse(const std::string& s, const ChatParseOptions& opt, bool partial) {
+    Parse p{s, opt, partial, {}, false};
+    if (opt.format == ToolCallFormat::GptOss) {
+        parse_harmony(p, 0);
+        return p.out;
+    }
+    const size_t answer = opt.extract_reasoning ? take_reasoning(p) : 0;
+    if (p.stop || answer >= s.size()) return p.out;
+    switch (opt.format) {
+    case ToolCallFormat::None: p.out.content.append(s, answer, std::string::npos); break;
+    case ToolCallFormat::Hermes: parse_hermes(p, answer); break;
+    case ToolCallFormat::Qwen3Coder: parse_xml_calls(p, answer, false); break;
+    case ToolCallFormat::Glm: parse_xml_calls(p, answer, true); break;
+    case ToolCallFormat::Llama3: parse_llama3(p, answer); break;
+    case ToolCallFormat::Mistral: parse_mistral(p, answer); break;
+    case ToolCallFormat::DeepSeek: parse_deepseek(p, answer); break;
+    case ToolCallFormat::FunctionaryV31: parse_functionary_v31(p, answer); break;
+    case ToolCallFormat::FunctionaryV32: parse_functionary_v32(p, answer); break;
+    case ToolCallFormat::CommandR7B: parse_command_r7b(p, answer); break;
+    case ToolCallFormat::KimiK2: parse_kimi(p, answer); break;
+    case ToolCallFormat::GptOss: break;
+    }
+    return p.out;
+}
+
+struct FormatName {
+    ToolCallFormat format;
+    const char* name;
+};
+inline const FormatName kFormatNames[] = {
+    {ToolCallFormat::None, "none"},           {ToolCallFormat::Hermes, "hermes"},
+    {ToolCallFormat::Llama3, "llama3"},       {ToolCallFormat::Mistral, "mistral"},
+    {ToolCallFormat::DeepSeek, "deepseek"},   {ToolCallFormat::FunctionaryV31, "functionary-v3.1"},
+    {ToolCallFormat::FunctionaryV32, "functionary-v3.2"}, {ToolCallFormat::CommandR7B, "command-r7b"},
+    {ToolCallFormat::GptOss, "gpt-oss"},      {ToolCallFormat::KimiK2, "kimi-k2"},
+    {ToolCallFormat::Glm, "glm"},             {ToolCallFormat::Qwen3Coder, "qwen3-coder"},
+};
+
+// What changed from `sent` to `now`: text beyond what was sent, new calls, argument growth.
+inline ChatDelta diff(const ChatParsed& sent, const ChatParsed& now) {
+    ChatDelta d;
+    auto grow = [](const std::string& old_text, const std::string& new_text) {
+        return new_text.size() > old_text.size() && new_text.compare(0, old_text.size(), old_text) == 0 ? new_text.substr(old_text.size())
+                                                                                                        : std::string();
+    };
+    d.content = grow(sent.content, now.content);
+    d.reasoning_content = grow(sent.reasoning_content, now.reasoning_content);
+    for (size_t i = 0; i < now.tool_calls.size(); i++) {
+        const ChatToolCall& c = now.tool_calls[i];
+        ChatToolCallDelta td;
+        td.index = i;
+        if (i >= sent.tool_calls.size()) {
+            td.first = true;
+            td.id = c.id;
+            td.name = c.name;
+            td.arguments = c.arguments;
+        } else {
+            td.arguments = grow(sent.tool_calls[i].arguments, c.arguments);
+            if (td.arguments.empty()) continue;
+        }
+        d.tool_calls.push_back(std::move(td));
+    }
+    return d;
+}
+
+// Applies a delta to what was sent so far.
+inline void apply(ChatParsed& sent, const ChatDelta& d) {
+    sent.content += d.content;
+    sent.reasoning_content += d.reasoning_content;
+    for (auto& td : d.tool_calls) {
+        if (td.first) sent.tool_calls.push_back({td.id, td.name, ""});
+        sent.tool_calls[td.index].arguments += td.arguments;
+    }
+}
+
+} // namespace toolcall_detail
+
+const char* tool_call_format_name(ToolCallFormat f) {
+    for (auto& e : toolcall_detail::kFormatNames)
+        if (e.format == f) return e.name;
+    return "none";
+}
+
+ToolCallFormat tool_call_format_from_name(const std::string& name) {
+    std::string all;
+    for (auto& e : toolcall_detail::kFormatNames) {
+        if (name == e.name) return e.format;
+        all += std::string(all.empty() ? "" : ", ") + e.name;
+    }
+    throw Error("unknown tool-call format '" + name + "' (known: " + all + ")");
+}
+
+// The family's markers in its template; specific syntaxes before the generic <tool_call>.
+ToolCallFormat chat_detect_tool_call_format(const std::string& t) {
+    using chat_detail::contains;
+    if (contains(t, "<|channel|>") && contains(t, "<|message|>")) return ToolCallFormat::GptOss;
+    if (contains(t, "<|tool_call_begin|>") || contains(t, "<|tool_calls_section_begin|>")) return ToolCallFormat::KimiK2;
+    if (contains(t, "<arg_key>")) return ToolCallFormat::Glm;
+    if (contains(t, "<function=") && contains(t, "<parameter=")) return ToolCallFormat::Qwen3Coder;
+    if (contains(t, "tool▁call▁begin")) return ToolCallFormat::DeepSeek;
+    if (contains(t, "<|START_ACTION|>")) return ToolCallFormat::CommandR7B;
+    if (contains(t, ">>>all")) return ToolCallFormat::FunctionaryV32;
+    if (contains(t, "<function=")) return ToolCallFormat::FunctionaryV31;
+    if (contains(t, "[TOOL_CALLS]")) return ToolCallFormat::Mistral;
+    if (contains(t, "<tool_call>")) return ToolCallFormat::Hermes;
+    if (contains(t, "<|start_header_id|>") && (contains(t, "<|python_tag|>") || contains(t, "\"parameters\"") || contains(t, "tools")))
+        return ToolCallFormat::Llama3;
+    return ToolCallFormat::None;
+}
+
+ChatParsed chat_parse_output(const std::string& text, const ChatParseOptions& opt) { return toolcall_detail::parse(text, opt, false); }
+
+ChatDelta ChatOutputParser::advance(bool partial) {
+    const ChatDelta d = toolcall_detail::diff(sent_, toolcall_detail::parse(text_, opt_, partial));
+    toolcall_detail::apply(sent_, d);
+    return d;
+}
+ChatDelta ChatOutputParser::push(const std::string& text) {
+    text_ += text;
+    return advance(true);
+}
+ChatDelta ChatOutputParser::finish() { return advance(false); }
+
+std::pair<std::string, std::string> chat_thinking_tags(const std::string& t) {
+    for (auto& tags : toolcall_detail::kThinkTags)
+        if (t.find(tags.close) != std::string::npos) return {tags.open, tags.close};
+    return {"", ""};
+}
+
+bool chat_prompt_opens_thinking(const std::string& prompt) {
+    const std::string trimmed = jinja_detail::py_rstrip(prompt);
+    for (auto& tags : toolcall_detail::kThinkTags)
+        if (chat_detail::ends_with(trimmed, tags.open)) return true;
+    return false;
+}
 
 std::string chat_family_name(ChatFamily f) {
     for (auto& e : chat_detail::kFamilyNames)

@@ -245,6 +245,7 @@ Api::Api(const Options& o) : o_(o), created_((int64_t)time(nullptr)) {
         }
         if (!default_kwargs_.is_object()) usage_error("--chat-template-kwargs must be a JSON object");
     }
+    if (o.srv.reasoning != "auto" && !default_kwargs_.contains("enable_thinking")) default_kwargs_["enable_thinking"] = o.srv.reasoning == "on";
 }
 
 void Api::attach(const llm::Model& model, Scheduler& sched, const ChatTemplate& chat, int n_ctx_total) {
@@ -452,10 +453,66 @@ void Api::check_fits(const std::vector<int32_t>& prompt) const {
     }
 }
 
-std::string Api::render_chat(const json& b) const {
+namespace {
+
+// tool_choice: "auto" (default), "none", "required", or "function" for {"type": "function", ...}.
+std::string tool_choice_of(const nlohmann::json& b) {
+    const nlohmann::json* tc = opt_field(b, "tool_choice");
+    if (!tc) return "auto";
+    if (tc->is_string() && (*tc == "auto" || *tc == "none" || *tc == "required")) return tc->get<std::string>();
+    const nlohmann::json* f = tc->is_object() ? opt_field(*tc, "function") : nullptr;
+    if (f && f->is_object() && opt_field(*f, "name") && opt_field(*f, "name")->is_string()) return "function";
+    bad_field("tool_choice", "\"auto\", \"none\", \"required\" or {\"type\": \"function\", \"function\": {\"name\": ...}}");
+}
+
+}  // namespace
+
+// The request as transformers' apply_chat_template gets it: messages and tools in the client's
+// member order (from the raw body), --chat-template-kwargs under the request's, the vocabulary's
+// bos/eos tokens. tool_choice "none" leaves the tools out.
+std::string Api::render_jinja(const json& b, const std::string& body) const {
+    using ojson = nlohmann::ordered_json;
+    const ojson raw = ojson::parse(body);  // parsed before as b, so valid
+    ojson req = ojson::object();
+    req["messages"] = raw.at("messages");
+    // OpenAI clients send tool-call arguments as JSON text; templates print them as objects (tojson),
+    // so text that parses as an object goes in as one, as llama-server does.
+    for (ojson& m : req["messages"]) {
+        if (!m.is_object() || !m.contains("tool_calls") || !m["tool_calls"].is_array()) continue;
+        for (ojson& call : m["tool_calls"]) {
+            ojson* args = call.is_object() && call.contains("function") && call["function"].is_object() && call["function"].contains("arguments")
+                              ? &call["function"]["arguments"] : nullptr;
+            if (!args || !args->is_string()) continue;
+            ojson parsed = ojson::parse(args->get<std::string>(), nullptr, false);
+            if (parsed.is_object()) *args = std::move(parsed);
+        }
+    }
+    if (const json* tools = opt_field(b, "tools")) {
+        if (!tools->is_array()) bad_field("tools", "an array of tools");
+        if (tool_choice_of(b) != "none") req["tools"] = raw.at("tools");
+    }
+    ojson kwargs = ojson::parse(default_kwargs_.dump());
+    if (raw.contains("chat_template_kwargs") && !raw["chat_template_kwargs"].is_null()) {
+        if (!raw["chat_template_kwargs"].is_object()) bad_field("chat_template_kwargs", "an object");
+        for (auto& kv : raw["chat_template_kwargs"].items()) kwargs[kv.key()] = kv.value();
+    }
+    req["chat_template_kwargs"] = kwargs;
+    req["add_generation_prompt"] = get_bool(b, "add_generation_prompt", true);
+    const llm::Vocab& v = model_->vocab;
+    req["bos_token"] = v.bos() >= 0 ? v.token_to_piece(v.bos(), true) : "";
+    req["eos_token"] = v.eos() >= 0 ? v.token_to_piece(v.eos(), true) : "";
+    try {
+        return llm::chat_apply_template(*chat_.jinja, req.dump(-1, ' ', false, ojson::error_handler_t::replace));
+    } catch (const llm::Error& e) {
+        throw ApiError(400, std::string("chat template: ") + e.what());
+    }
+}
+
+std::string Api::render_chat(const json& b, const std::string& body) const {
     const json* m = opt_field(b, "messages");
     if (!m) throw ApiError(400, "'messages' is required");
     if (!m->is_array() || m->empty()) bad_field("messages", "a non-empty array of messages");
+    if (chat_.jinja) return render_jinja(b, body);
     std::vector<llm::ChatMessage> msgs;
     for (const json& x : *m) {
         if (!x.is_object()) bad_field("messages", "an array of objects");
@@ -629,6 +686,53 @@ json Api::oai_base(const Generation& g, const char* object) const {
 
 // The whole answer of a non-streamed request: /completion's object (an array for several prompts),
 // or OpenAI's with one choice per prompt.
+// How a chat's output is parsed: the template's tool-call syntax when tools are offered, reasoning
+// per --reasoning-format, and whether the prompt left a thinking block open; --reasoning-budget's
+// thinking tags for the scheduler.
+void Api::chat_parse_options(const json& b, const std::string& prompt, Generation& g) const {
+    const json* tools = opt_field(b, "tools");
+    if (tools && !tools->is_array()) bad_field("tools", "an array of tools");
+    const bool offered = tools && !tools->empty() && tool_choice_of(b) != "none";
+    g.parse_output = true;
+    g.parse.format = offered ? chat_.tool_format : llm::ToolCallFormat::None;
+    g.parse.extract_reasoning = o_.srv.reasoning_format != "none";
+    g.parse.thinking_open = g.parse.extract_reasoning && llm::chat_prompt_opens_thinking(prompt);
+    g.parallel_tool_calls = get_bool(b, "parallel_tool_calls", true);
+    const auto tags = llm::chat_thinking_tags(chat_.source);
+    if (o_.srv.reasoning_budget >= 0 && !tags.second.empty()) {
+        g.p.reasoning_budget = o_.srv.reasoning_budget;
+        g.p.thinking_open = llm::chat_prompt_opens_thinking(prompt);
+        g.p.think_open = tags.first;
+        g.p.think_end = tags.second;
+        g.p.think_end_tokens = model_->vocab.tokenize(tags.second, false, true);
+    }
+}
+
+namespace {
+
+// OpenAI's tool call object; `index` only in streamed deltas. A call without a model-given id gets a random one.
+nlohmann::json tool_call_json(const std::string& id, const std::string& name, const std::string& arguments, const size_t* index) {
+    nlohmann::json c{{"id", id.empty() ? random_id("call_") : id}, {"type", "function"}, {"function", {{"name", name}, {"arguments", arguments}}}};
+    if (index) c["index"] = *index;
+    return c;
+}
+
+}  // namespace
+
+// The assistant message of a chat's whole output; `finish` becomes "tool_calls" when it calls tools.
+nlohmann::json Api::chat_message(const Generation& g, const std::string& text, std::string& finish) const {
+    if (!g.parse_output) return json{{"role", "assistant"}, {"content", text}};
+    const llm::ChatParsed p = llm::chat_parse_output(text, g.parse);
+    json m{{"role", "assistant"}, {"content", p.content.empty() && !p.tool_calls.empty() ? json(nullptr) : json(p.content)}};
+    if (!p.reasoning_content.empty()) m["reasoning_content"] = p.reasoning_content;
+    if (p.tool_calls.empty()) return m;
+    m["tool_calls"] = json::array();
+    for (size_t i = 0; i < p.tool_calls.size() && (g.parallel_tool_calls || i == 0); i++)
+        m["tool_calls"].push_back(tool_call_json(p.tool_calls[i].id, p.tool_calls[i].name, p.tool_calls[i].arguments, nullptr));
+    finish = "tool_calls";
+    return m;
+}
+
 json Api::whole_response(const Generation& g, const std::vector<Completion>& done) const {
     if (g.kind == ApiKind::Completion) {
         json j = json::array();
@@ -645,7 +749,9 @@ json Api::whole_response(const Generation& g, const std::vector<Completion>& don
         n_predicted += r.n_predicted;
         n_cached += r.n_cache_reused;
         if (chat) {
-            j["choices"].push_back(json{{"finish_reason", finish_reason(r)}, {"index", i}, {"message", {{"role", "assistant"}, {"content", done[i].content}}}});
+            std::string finish = finish_reason(r);
+            const json message = chat_message(g, done[i].content, finish);
+            j["choices"].push_back(json{{"finish_reason", finish}, {"index", i}, {"message", message}});
         } else {
             j["choices"].push_back(json{{"text", done[i].content}, {"index", i}, {"logprobs", nullptr}, {"finish_reason", finish_reason(r)}});
         }
@@ -657,7 +763,7 @@ json Api::whole_response(const Generation& g, const std::vector<Completion>& don
 
 // The server-sent events of one result of prompt `index`: /completion's, or OpenAI's chunks (the last
 // result gives a finish chunk, and with include_usage a chunk with no choices and the usage).
-std::string Api::stream_events(const Generation& g, const Result& r, int index) const {
+std::string Api::stream_events(const Generation& g, const Result& r, int index, llm::ChatOutputParser* parser) const {
     const bool last = r.kind == Result::Final;
     if (g.kind == ApiKind::Completion) {
         if (last) return sse(final_completion(Completion{r, r.text, r.tokens, r.probs}, g.p, g.prompts[index], index));
@@ -679,12 +785,30 @@ std::string Api::stream_events(const Generation& g, const Result& r, int index) 
         return sse(j);
     }
     std::string out;
-    if (!r.text.empty() || !last) {
+    // one chunk per kind of delta: reasoning_content, content, each tool call's piece
+    auto send_delta = [&](const llm::ChatDelta& d) {
+        auto chunk = [&](json delta) {
+            j["choices"] = json::array({json{{"finish_reason", nullptr}, {"index", index}, {"delta", std::move(delta)}}});
+            out += sse(j);
+        };
+        if (!d.reasoning_content.empty()) chunk({{"reasoning_content", d.reasoning_content}});
+        if (!d.content.empty()) chunk({{"content", d.content}});
+        for (const llm::ChatToolCallDelta& t : d.tool_calls) {
+            if (!g.parallel_tool_calls && t.index > 0) continue;
+            json call = t.first ? tool_call_json(t.id, t.name, t.arguments, &t.index) : json{{"index", t.index}, {"function", {{"arguments", t.arguments}}}};
+            chunk({{"tool_calls", json::array({call})}});
+        }
+    };
+    if (parser) {
+        send_delta(parser->push(r.text));
+        if (last) send_delta(parser->finish());
+    } else if (!r.text.empty() || !last) {
         j["choices"] = json::array({choice(r.text, nullptr)});
         out += sse(j);
     }
     if (!last) return out;
-    j["choices"] = json::array({choice("", finish_reason(r))});
+    const bool called = parser && !parser->parsed().tool_calls.empty();
+    j["choices"] = json::array({choice("", called ? "tool_calls" : finish_reason(r))});
     j["timings"] = timings_json(r);
     const json usage = usage_json(r.n_prompt, r.n_predicted, r.n_cache_reused);
     if (!g.include_usage) j["usage"] = usage;
@@ -706,6 +830,9 @@ bool Api::stream_all(const Generation& g, const std::vector<std::shared_ptr<Chan
         j["choices"] = json::array({json{{"finish_reason", nullptr}, {"index", 0}, {"delta", {{"role", "assistant"}, {"content", nullptr}}}}});
         if (!w.write(sse(j))) { cancel_all(); return false; }
     }
+    std::vector<std::unique_ptr<llm::ChatOutputParser>> parsers(chs.size());
+    if (g.parse_output)
+        for (auto& p : parsers) p = std::make_unique<llm::ChatOutputParser>(g.parse);
     std::vector<bool> finished(chs.size(), false);
     size_t n_finished = 0;
     while (n_finished < chs.size()) {
@@ -718,7 +845,7 @@ bool Api::stream_all(const Generation& g, const std::vector<std::shared_ptr<Chan
                 w.write(g.kind == ApiKind::Completion ? "error: " + dump(e) + "\n\n" : sse(e));
                 return true;
             }
-            if (!w.write(stream_events(g, r, (int)i))) { cancel_all(); return false; }
+            if (!w.write(stream_events(g, r, (int)i, parsers[i].get()))) { cancel_all(); return false; }
             if (r.kind == Result::Final) { finished[i] = true; n_finished++; }
         }
         if (!w.alive()) { cancel_all(); return false; }   // every round: results need not pause for it
@@ -735,7 +862,9 @@ void Api::handle_generate(const http::Request& req, http::Response& res, ApiKind
     g.kind = kind;
     g.p = parse_params(b, kind);
     if (kind == ApiKind::OaiChat) {
-        g.prompts.push_back(tokenize_prompt(render_chat(b)));
+        const std::string prompt = render_chat(b, req.body);
+        chat_parse_options(b, prompt, g);
+        g.prompts.push_back(tokenize_prompt(prompt));
     } else {
         const json* pr = opt_field(b, "prompt");
         if (!pr) throw ApiError(400, "'prompt' is required");
@@ -803,13 +932,13 @@ void Api::handle_detokenize(const http::Request& req, http::Response& res) {
 
 void Api::handle_apply_template(const http::Request& req, http::Response& res) {
     json b = parse_body(req.body);
-    res.set_json(dump(json{{"prompt", render_chat(b)}}));
+    res.set_json(dump(json{{"prompt", render_chat(b, req.body)}}));
 }
 
 // /chat/completions/input_tokens: the token count of a chat request's rendered prompt.
 void Api::handle_input_tokens(const http::Request& req, http::Response& res) {
     json b = parse_body(req.body);
-    const size_t n = tokenize_prompt(render_chat(b)).size();
+    const size_t n = tokenize_prompt(render_chat(b, req.body)).size();
     res.set_json(dump(json{{"object", "response.input_tokens"}, {"input_tokens", n}}));
 }
 

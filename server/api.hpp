@@ -15,11 +15,14 @@
 
 namespace srv {
 
-// The chat template requests are rendered with: the family, and the Jinja source it was recognized
-// from ("" if none).
+// The chat template requests are rendered with: the Jinja program when there is one (the model's
+// or --chat-template-file's, unless --no-jinja or a --chat-template family name), else the family's
+// renderer; the Jinja source ("" if none) and the tool-call syntax its family writes.
 struct ChatTemplate {
     llm::ChatFamily family = llm::ChatFamily::ChatML;
     std::string source;
+    std::shared_ptr<const llm::JinjaTemplate> jinja;
+    llm::ToolCallFormat tool_format = llm::ToolCallFormat::None;
 };
 
 using HttpHandler = std::function<void(const http::Request&, http::Response&)>;
@@ -52,6 +55,9 @@ private:
         bool include_usage = false;  // stream_options.include_usage
         std::string id;              // OpenAI's response id
         int64_t created = 0;
+        bool parse_output = false;   // chat: the output is split into content, reasoning and tool calls
+        llm::ChatParseOptions parse;
+        bool parallel_tool_calls = true;
     };
     // One task's results, drained.
     struct Completion {
@@ -86,7 +92,11 @@ private:
     std::vector<int32_t> parse_prompt(const json& prompt) const;
     std::vector<std::vector<int32_t>> parse_prompts(const json& prompt, size_t max_prompts = kMaxPrompts) const;
     void check_fits(const std::vector<int32_t>& prompt) const;
-    std::string render_chat(const json& b) const;
+    // The prompt of a chat request; `body` is the raw request (its member order reaches the template).
+    std::string render_chat(const json& b, const std::string& body) const;
+    std::string render_jinja(const json& b, const std::string& body) const;
+    void chat_parse_options(const json& b, const std::string& prompt, Generation& g) const;
+    json chat_message(const Generation& g, const std::string& text, std::string& finish) const;
     std::vector<int32_t> tokenize_prompt(const std::string& text) const;
     void check_prompt_bytes(size_t bytes) const;
     void check_body_bytes(size_t bytes) const;
@@ -99,7 +109,8 @@ private:
     json final_completion(const Completion& c, const TaskParams& p, const std::vector<int32_t>& prompt, int index) const;
     json oai_base(const Generation& g, const char* object) const;
     json whole_response(const Generation& g, const std::vector<Completion>& done) const;
-    std::string stream_events(const Generation& g, const Result& r, int index) const;
+    // parser: the choice's output parser when the chat output is parsed (else null)
+    std::string stream_events(const Generation& g, const Result& r, int index, llm::ChatOutputParser* parser) const;
     bool stream_all(const Generation& g, const std::vector<std::shared_ptr<Channel>>& chs, http::Writer& w);
 
     const Options& o_;

@@ -466,13 +466,29 @@ const std::vector<Flag>& flags() {
          [](Options& o, const Arg& a) { o.srv.models_max = a.to_int(); }},
         {{"--models-autoload"}, {"--no-models-autoload"}, "LLAMA_ARG_MODELS_AUTOLOAD", nullptr, G::Server, "router mode: start a model on its first request (default: on)",
          [](Options& o, const Arg& a) { o.srv.models_autoload = a.on(); }},
-        {{"--jinja"}, {"--no-jinja"}, "LLAMA_ARG_JINJA", nullptr, G::Server, "Jinja chat templates",
-         note("the template's family is recognized and rendered natively (no Jinja engine yet)")},
-        {{"--reasoning-format"}, {}, "LLAMA_ARG_THINK", "FORMAT", G::Server, "reasoning extraction", note("thoughts stay in message.content (ignored)")},
-        {{"-rea", "--reasoning"}, {}, "LLAMA_ARG_REASONING", "[on|off|auto]", G::Server, "reasoning in the chat",
-         note("use chat_template_kwargs.enable_thinking per request (ignored)")},
+        {{"--jinja"}, {"--no-jinja"}, "LLAMA_ARG_JINJA", nullptr, G::Server,
+         "render the chat template's Jinja as is (default: on; --no-jinja: the recognized family's built-in renderer)",
+         [](Options& o, const Arg& a) { o.srv.jinja = a.on(); }},
+        {{"--reasoning-format"}, {}, "LLAMA_ARG_THINK", "FORMAT", G::Server,
+         "none: thinking stays in message.content; deepseek or auto (default): it goes to reasoning_content",
+         [](Options& o, const Arg& a) {
+             if (a.value != "none" && a.value != "deepseek" && a.value != "auto" && a.value != "deepseek-legacy")
+                 usage_error("--reasoning-format must be none, deepseek or auto");
+             o.srv.reasoning_format = a.value;
+         }},
+        {{"-rea", "--reasoning"}, {}, "LLAMA_ARG_REASONING", "[on|off|auto]", G::Server,
+         "thinking of reasoning models: on / off set the default chat_template_kwargs.enable_thinking, auto (default) leaves it to the template",
+         [](Options& o, const Arg& a) {
+             if (a.value != "on" && a.value != "off" && a.value != "auto") usage_error("--reasoning must be on, off or auto");
+             o.srv.reasoning = a.value;
+         }},
         {{"--reasoning-effort"}, {}, "LLAMA_ARG_REASONING_EFFORT", "LEVEL", G::Server, "reasoning effort", note("ignored")},
-        {{"--reasoning-budget"}, {}, "LLAMA_ARG_THINK_BUDGET", "N", G::Server, "token budget for thinking", note("no thinking budget (ignored)")},
+        {{"--reasoning-budget"}, {}, "LLAMA_ARG_THINK_BUDGET", "N", G::Server,
+         "thinking tokens before the template's end-of-thinking tag is forced (-1: unlimited (default), 0: no thinking)",
+         [](Options& o, const Arg& a) {
+             o.srv.reasoning_budget = a.to_int();
+             if (o.srv.reasoning_budget < -1) usage_error("--reasoning-budget must be -1 or more");
+         }},
         {{"--reasoning-budget-message"}, {}, "LLAMA_ARG_THINK_BUDGET_MESSAGE", "MESSAGE", G::Server, "message at the end of the budget", note("no thinking budget (ignored)")},
         {{"--reasoning-preserve"}, {"--no-reasoning-preserve"}, "LLAMA_ARG_REASONING_PRESERVE", nullptr, G::Server, "preserve reasoning in the history", note("ignored")},
         {{"--chat-template"}, {}, "LLAMA_ARG_CHAT_TEMPLATE", "JINJA_TEMPLATE", G::Server,
@@ -542,6 +558,10 @@ const std::vector<Flag>& flags() {
         {{"--chunks"}, {}, nullptr, "N", G::Modes, "with --perplexity: at most N chunks", [](Options& o, const Arg& a) { o.n_chunks = a.to_int(); }},
         {{"--plan"}, {}, nullptr, nullptr, G::Modes, "print the memory a deployment needs for -c N tokens per slot and -np N slots, without loading weights",
          [](Options& o, const Arg&) { o.plan = true; }},
+        {{"--render-chat"}, {}, nullptr, "REQUEST.json", G::Modes,
+         "print the prompt --chat-template-file renders for REQUEST ({\"messages\", \"tools\", \"add_generation_prompt\", "
+         "\"chat_template_kwargs\", \"bos_token\", \"eos_token\"}) byte for byte, without a model; an error: one line, exit status 1",
+         [](Options& o, const Arg& a) { o.render_chat = a.value; }},
         {{"--moe-per-token"}, {}, nullptr, nullptr, G::Modes, "run MoE experts token by token instead of grouped by expert (benchmarks)",
          [](Options& o, const Arg&) { o.moe_per_token = true; }},
     };
@@ -654,7 +674,7 @@ Options parse_args(int argc, char** argv) {
         else o.reverse_prompts.push_back(o.short_r);
     }
     if (o.escape) o.prompt = unescape(o.prompt);
-    if (o.model.empty() && o.srv.models_dir.empty() && o.srv.models_preset.empty())
+    if (o.model.empty() && o.render_chat.empty() && o.srv.models_dir.empty() && o.srv.models_preset.empty())
         usage_error("no model given (-m MODEL, or --models-dir / --models-preset for router mode)");
     if (o.n_batch <= 0) usage_error("--batch-size must be positive");
     if (o.n_threads < 0) usage_error("--threads must not be negative");
@@ -689,7 +709,7 @@ llm::ContextParams context_params(const Options& o, int n_ctx) {
 }
 
 bool wants_server(const Options& o) {
-    return !o.tokenize && !o.plan && !o.bench && o.dump_logits.empty() && o.perplexity_file.empty() && !o.has_prompt &&
+    return !o.tokenize && !o.plan && !o.bench && o.render_chat.empty() && o.dump_logits.empty() && o.perplexity_file.empty() && !o.has_prompt &&
            !o.has_prompt_ids && o.prompt_file.empty();
 }
 

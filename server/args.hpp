@@ -25,10 +25,15 @@ struct ServerOptions {
     bool models_autoload = true;
     bool reranking = false;   // --reranking: /rerank served (implies embeddings with rank pooling)
     int embd_normalize = 2;   // --embd-normalize: the default of embedding requests
+    bool jinja = true;                     // render the Jinja template itself (--no-jinja: the family's renderer)
+    std::string reasoning_format = "auto"; // none: thinking stays in content; deepseek / auto: reasoning_content
+    int reasoning_budget = -1;             // thinking tokens before the end tag is forced (-1: unlimited)
+    std::string reasoning = "auto";        // --reasoning on|off: the default enable_thinking
 };
 
 struct Options {
     std::string model, prompt, prompt_file, dump_logits, perplexity_file, kl_base;
+    std::string render_chat;  // --render-chat REQUEST.json
     std::vector<int32_t> prompt_ids;
     bool has_prompt = false, has_prompt_ids = false;
     int n_predict = -1, n_ctx = 0, n_threads = 0, n_batch = 512, bench_reps = 5, n_parallel = 1, n_chunks = -1;

@@ -251,4 +251,20 @@ int run_plan(const Options& o) {
     return p.fits ? 0 : 2;
 }
 
+// --render-chat: the template is --chat-template-file's text, else --chat-template's (Jinja text).
+int run_render_chat(const Options& o) {
+    try {
+        if (o.srv.chat_template_file.empty() && o.srv.chat_template.empty()) usage_error("--render-chat needs --chat-template-file F");
+        const llm::JinjaTemplate tpl(o.srv.chat_template_file.empty() ? o.srv.chat_template : read_file(o.srv.chat_template_file));
+        const std::string prompt = llm::chat_apply_template(tpl, read_file(o.render_chat));
+        fwrite(prompt.data(), 1, prompt.size(), stdout);
+        return 0;
+    } catch (const std::exception& e) {
+        std::string line = e.what();
+        std::replace(line.begin(), line.end(), '\n', ' ');
+        fprintf(stderr, "error: %s\n", line.c_str());
+        return 1;
+    }
+}
+
 }  // namespace srv

@@ -5,6 +5,8 @@
 //   llm-server -m MODEL --prompt-ids 1,2,3 --dump-logits FILE
 //                                                   write float32 logits of every prompt position
 //   llm-server -m MODEL --tokenize -p TEXT          print token ids (vocabulary-only files work)
+//   llm-server --chat-template-file F --render-chat REQUEST.json
+//                                                   print the rendered chat prompt (no model)
 //   llm-server -m MODEL --bench -p 512 -n 128 -r 5  prompt / generation tokens per second
 //   llm-server -m MODEL [--host H --port P ...]     the HTTP server (no mode flag)
 //
@@ -31,6 +33,7 @@ int main(int argc, char** argv) {
         if (wants_router(o)) return run_router(o, argc, argv);
         if (o.tokenize) return run_tokenize(o);
         if (o.plan) return run_plan(o);
+        if (!o.render_chat.empty()) return run_render_chat(o);
         if (wants_server(o)) return run_server(o);
         double t0 = now_seconds();
         auto model = llm::Model::load(o.model, model_options(o));

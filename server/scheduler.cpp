@@ -163,6 +163,12 @@ void Scheduler::start_task(Slot& s, std::unique_ptr<Task> t) {
     s.stopping_word.clear();
     s.truncated = false;
     s.embedding.clear();
+    const TaskParams& tp = t->p;
+    s.thinking = tp.reasoning_budget < 0 || tp.think_end_tokens.empty() ? Slot::Thinking::Over
+                 : tp.thinking_open                                     ? Slot::Thinking::Inside
+                                                                        : Slot::Thinking::Before;
+    s.n_thinking = 0;
+    s.forced.clear();
     log_msg('I', "slot %d: task %lld: prompt %zu tokens, %zu cached, n_predict %d", s.id, (long long)t->id, prompt.size(), reuse,
             t->p.n_predict);
     s.task = std::move(t);
@@ -392,6 +398,33 @@ void Scheduler::context_shift(Slot& s) {
     log_msg('I', "slot %d: context shift: keep %d, discard %d, evaluate %zu tokens again", s.id, n_keep, n_discard, s.pending());
 }
 
+// --reasoning-budget, before each token: a thinking block opens when the output starts with its tag,
+// ends with the end tag, and once it holds the budget's tokens the end tag is forced.
+void Scheduler::budget_thinking(Slot& s) {
+    const TaskParams& p = s.task->p;
+    if (s.thinking == Slot::Thinking::Over || !s.forced.empty()) return;
+    const size_t start = s.text.find_first_not_of(" \t\r\n");
+    if (s.thinking == Slot::Thinking::Before) {
+        if (start == std::string::npos) return;  // only spaces so far
+        const std::string head = s.text.substr(start, p.think_open.size());
+        if (head.size() < p.think_open.size() && p.think_open.compare(0, head.size(), head) == 0) return;  // undecided
+        if (head != p.think_open) {
+            s.thinking = Slot::Thinking::Over;  // the answer starts without thinking
+            return;
+        }
+        s.thinking = Slot::Thinking::Inside;
+    }
+    if (s.text.find(p.think_end) != std::string::npos) {
+        s.thinking = Slot::Thinking::Over;
+        return;
+    }
+    if (s.n_thinking >= p.reasoning_budget) {
+        s.forced.assign(p.think_end_tokens.begin(), p.think_end_tokens.end());
+        s.thinking = Slot::Thinking::Over;
+        log_msg('D', "slot %d: reasoning budget of %d tokens spent: ending the thinking", s.id, p.reasoning_budget);
+    }
+}
+
 void Scheduler::on_logits(Slot& s, const float* logits) {
     const TaskParams& p = s.task->p;
     if (!s.generating) {
@@ -399,14 +432,21 @@ void Scheduler::on_logits(Slot& s, const float* logits) {
         s.t_first = now_seconds();
         if (p.n_predict == 0) return finish(s, "limit");
     }
+    budget_thinking(s);
     int32_t tok = 0;
     try {  // a grammar can reach a state no token continues, or one too ambiguous to follow
-        tok = s.sampler->sample(logits, n_vocab_);
+        if (!s.forced.empty()) {
+            tok = s.forced.front();
+            s.forced.pop_front();
+        } else {
+            tok = s.sampler->sample(logits, n_vocab_);
+        }
         s.sampler->accept(tok);
     } catch (const llm::Error& e) {
         return fail_slot(s, 500, std::string("sampling failed: ") + e.what());
     }
     s.n_decoded++;
+    if (s.thinking == Slot::Thinking::Inside) s.n_thinking++;
     if (p.n_probs > 0) s.unsent_probs.push_back(token_prob(logits, tok, s));
     const llm::Vocab& v = model_.vocab;
     if (v.is_eog(tok) && !p.ignore_eos) return finish(s, "eos");

@@ -48,6 +48,13 @@ struct TaskParams {
     bool embed = false;      // an embedding (or rerank) task: the whole prompt in one step, no generation
     int embd_normalize = 2;  // of its pooled vector (embd_normalize's norms)
     std::vector<std::string> stop;
+    // --reasoning-budget: after this many tokens of thinking, think_end is forced (-1: unlimited,
+    // 0: at once). thinking_open: the prompt opened the thinking block; else it opens when the
+    // output starts with think_open.
+    int reasoning_budget = -1;
+    bool thinking_open = false;
+    std::string think_open, think_end;
+    std::vector<int32_t> think_end_tokens;
     llm::SamplerParams sampling;
 };
 
@@ -112,6 +119,9 @@ struct Slot {
     std::string stop_type = "none", stopping_word;
     bool truncated = false;
     std::vector<std::vector<float>> embedding;  // an embedding task's result
+    enum class Thinking { Before, Inside, Over } thinking = Thinking::Over;  // the reasoning budget's view
+    int n_thinking = 0;                                                     // tokens generated inside
+    std::deque<int32_t> forced;                                             // tokens to emit instead of sampling
     size_t pending() const { return target.size() - cache.size(); }
 };
 
@@ -190,6 +200,7 @@ private:
     bool step(llm::Batch& batch);
     void on_logits(Slot& s, const float* logits);
     int on_embeddings(Slot& s, int first_output);
+    void budget_thinking(Slot& s);
     void emit_partial(Slot& s);
     void finish(Slot& s, const std::string& stop_type);
     void fail_slot(Slot& s, int status, const std::string& msg);

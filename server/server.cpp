@@ -78,10 +78,27 @@ ChatTemplate template_from_flag(const std::string& value) {
     return chat;
 }
 
-// --chat-template, else the family recognized from --chat-template-file or the model's
-// tokenizer.chat_template (chatml when that is absent or not recognized).
+// The Jinja program of a template's source, unless --no-jinja or it does not parse (then the
+// family's renderer is used).
+void attach_jinja(const ServerOptions& so, ChatTemplate& chat, const std::string& from) {
+    if (!so.jinja || chat.source.empty()) return;
+    try {
+        chat.jinja = std::make_shared<const llm::JinjaTemplate>(chat.source);
+        chat.tool_format = llm::chat_detect_tool_call_format(chat.source);
+        log_msg('I', "chat template: the Jinja of %s (tool calls: %s)", from.c_str(), llm::tool_call_format_name(chat.tool_format));
+    } catch (const llm::Error& e) {
+        log_msg('W', "chat template of %s does not parse (%s): using the family renderer", from.c_str(), e.what());
+    }
+}
+
+// --chat-template, else --chat-template-file or the model's tokenizer.chat_template: rendered as
+// Jinja, with the recognized family (chatml when absent or not recognized) as the fallback.
 ChatTemplate choose_chat_template(const ServerOptions& so, const llm::Model& model) {
-    if (!so.chat_template.empty()) return template_from_flag(so.chat_template);
+    if (!so.chat_template.empty()) {
+        ChatTemplate chat = template_from_flag(so.chat_template);
+        attach_jinja(so, chat, "--chat-template");
+        return chat;
+    }
     ChatTemplate chat;
     std::string from;
     if (!so.chat_template_file.empty()) {
@@ -93,11 +110,12 @@ ChatTemplate choose_chat_template(const ServerOptions& so, const llm::Model& mod
     }
     chat.family = chat.source.empty() ? llm::ChatFamily::Unknown : llm::chat_detect_family(chat.source);
     if (chat.family == llm::ChatFamily::Unknown) {
-        log_msg('W', "chat template of %s is %s: falling back to chatml", from.c_str(), chat.source.empty() ? "absent" : "not recognized");
+        log_msg('W', "chat template of %s is %s: the fallback renderer is chatml", from.c_str(), chat.source.empty() ? "absent" : "not recognized");
         chat.family = llm::ChatFamily::ChatML;
     } else {
         log_msg('I', "chat template: %s (from %s)", llm::chat_family_name(chat.family).c_str(), from.c_str());
     }
+    attach_jinja(so, chat, from);
     return chat;
 }
 

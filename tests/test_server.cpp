@@ -767,7 +767,7 @@ TEST_CASE("server: llama-server's flags, spellings and LLAMA_ARG_* variables") {
     CHECK(p.body["model_alias"] == "smol");  // -a over LLAMA_ARG_ALIAS
     // Each inapplicable flag leaves one line saying what it means here.
     std::string log = s.log();
-    for (const char* note : {"-ngl: this is a CPU build", "-fa: attention always runs fused", "--offline: always offline", "--jinja: ",
+    for (const char* note : {"-ngl: this is a CPU build", "-fa: attention always runs fused", "--offline: always offline",
                              "--threads-http: one thread per connection", "--no-mmproj: no multimodal input", "--cache-reuse: "}) {
         CHECK_MESSAGE(log.find(note) != std::string::npos, note);
     }
@@ -997,6 +997,50 @@ TEST_CASE("server: the openai Python package, several model names") {
     CHECK_MESSAGE(rc == 0, out);
     CHECK(out.rfind("ok ", 0) == 0);
     MESSAGE("openai client: " << out);
+}
+
+TEST_CASE("server: tool calling with the openai Python package (SmolLM2 with Qwen 2.5's Jinja template)") {
+    REQUIRE_MESSAGE(testutil::run("python3 -c 'import openai' 2>/dev/null") == 0, "the openai package is missing: run scripts/setup");
+    ServerProcess s(server_cmd({"-np", "1", "-c", "1024", "--chat-template-file",
+                                testutil::shared_dir() + "/chat/jinja/templates/Qwen-Qwen2.5-7B-Instruct.jinja"}));
+    CHECK(s.log().find("tool calls: hermes") != std::string::npos);
+    std::string out;
+    int rc = testutil::run("python3 tests/openai_tools.py " + std::to_string(s.port) + " 2>&1", &out);
+    CHECK_MESSAGE(rc == 0, out);
+    CHECK(out.find("ok ") != std::string::npos);
+    MESSAGE(out);
+}
+
+TEST_CASE("server: --reasoning-budget ends the thinking after exactly N tokens; reasoning_content is split off") {
+    ServerProcess s(server_cmd({"-np", "1", "-c", "512", "--reasoning-budget", "5", "--chat-template-file",
+                                testutil::shared_dir() + "/chat/jinja/templates/Qwen3.5-4B.jinja"}));
+    const json messages = json::array({{{"role", "user"}, {"content", "What is the capital of France?"}}});
+    Reply t = post(s.port, "/apply-template", {{"messages", messages}});
+    REQUIRE(t.status == 200);
+    const std::string prompt = t.body["prompt"];
+    REQUIRE(prompt.size() > 8);
+    CHECK(prompt.substr(prompt.size() - 8) == "<think>\n");  // the template opens the thinking block
+    // The first 5 greedy tokens after the prompt: what the budget lets the model think.
+    Reply five = post(s.port, "/completion", {{"prompt", prompt}, {"n_predict", 5}, {"temperature", 0}});
+    REQUIRE(five.status == 200);
+    const std::string thought = five.body["content"];
+    REQUIRE(thought.find("</think>") == std::string::npos);
+    Reply r = post(s.port, "/v1/chat/completions", {{"messages", messages}, {"max_tokens", 16}, {"temperature", 0}});
+    REQUIRE(r.status == 200);
+    const json& m = r.body["choices"][0]["message"];
+    auto trim = [](std::string x) {
+        x.erase(0, x.find_first_not_of(" \n"));
+        x.erase(x.find_last_not_of(" \n") + 1);
+        return x;
+    };
+    CHECK(m["reasoning_content"] == trim(thought));
+    CHECK(m["content"].is_string());
+    CHECK(r.body["usage"]["completion_tokens"].get<int>() > 5);
+    // chat_template_kwargs reach the template: enable_thinking false closes the block in the prompt
+    Reply off = post(s.port, "/apply-template", {{"messages", messages}, {"chat_template_kwargs", {{"enable_thinking", false}}}});
+    REQUIRE(off.status == 200);
+    const std::string closed = off.body["prompt"];
+    CHECK(closed.substr(closed.size() - 19) == "<think>\n\n</think>\n\n");
 }
 
 TEST_CASE("server: --api-prefix serves every endpoint under the prefix; -v and --log-file") {
