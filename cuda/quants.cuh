@@ -1,7 +1,8 @@
 // quants.cuh - ggml's weight blocks read on the device: one struct per type with its block geometry,
 // `value(block, i)` (element i of a block, the CPU's dequantize_row value for value), and for the
 // 32-value integer types `dot_q8_1(block, act)`, the block's dot product with a q8_1 activation block
-// through dp4a (the CPU's vec_dot with the same activation quants).
+// through dp4a (the CPU's vec_dot with the same activation quants: q8_0's for the types without a
+// min, q8_1's with s for Q4_1 / Q5_1).
 #pragma once
 #include "common.cuh"
 
@@ -46,13 +47,17 @@ __device__ __forceinline__ int fifth_bits4(const uint8_t* qh, int j) {
     return int((bits & 1) << 4 | (bits & 2) << 11 | (bits & 4) << 18 | (bits & 8) << 25);
 }
 
+// Four unsigned bytes q in [0, 2 * offset) as the signed bytes q - offset, without borrows between
+// bytes: q + 128 - offset stays below 256, and flipping the top bit subtracts 128. Keeps the offset in
+// the integer sum (exact, as the CPU's q8_0 product) rather than through q8_1's f16 s.
+__device__ __forceinline__ int minus_offset4(int q, int offset) { return int((uint32_t(q) + 0x01010101u * (128 - offset)) ^ 0x80808080u); }
+
 struct TypeQ4_0 {
     static constexpr int block_size = 32, block_bytes = 18;
     __device__ static float value(const uint8_t* b, int i) { return f16_bits_to_float(load_u16(b)) * (nibble32(b + 2, i) - 8); }
-    // d * sum((q - 8) * y) = d * (dy * sum(q * qy) - 8 * sy)
     __device__ static float dot_q8_1(const uint8_t* b, const BlockQ8_1* y) {
-        const int sum = dot32_dp4a([&](int j) { return nibbles4(b + 2, j); }, y);
-        return f16_bits_to_float(load_u16(b)) * (f16_bits_to_float(y->d) * sum - 8.0f * f16_bits_to_float(y->s));
+        const int sum = dot32_dp4a([&](int j) { return minus_offset4(nibbles4(b + 2, j), 8); }, y);
+        return f16_bits_to_float(load_u16(b)) * f16_bits_to_float(y->d) * sum;
     }
 };
 struct TypeQ4_1 {
@@ -71,8 +76,8 @@ struct TypeQ5_0 {
         return f16_bits_to_float(load_u16(b)) * ((nibble32(b + 6, i) | bit5(b + 2, i)) - 16);
     }
     __device__ static float dot_q8_1(const uint8_t* b, const BlockQ8_1* y) {
-        const int sum = dot32_dp4a([&](int j) { return nibbles4(b + 6, j) | fifth_bits4(b + 2, j); }, y);
-        return f16_bits_to_float(load_u16(b)) * (f16_bits_to_float(y->d) * sum - 16.0f * f16_bits_to_float(y->s));
+        const int sum = dot32_dp4a([&](int j) { return minus_offset4(nibbles4(b + 6, j) | fifth_bits4(b + 2, j), 16); }, y);
+        return f16_bits_to_float(load_u16(b)) * f16_bits_to_float(y->d) * sum;
     }
 };
 struct TypeQ5_1 {

@@ -125,3 +125,96 @@ TEST_CASE("simt: 4096x4096 f32 matvec, 256-thread blocks (timing)") {
         CHECK(y[r] == doctest::Approx(ref).epsilon(1e-4));
     }
 }
+
+namespace {
+
+using MatvecKernel = void (*)(const uint8_t*, size_t, const float*, float*, int, int);
+using MatvecDp4aKernel = void (*)(const uint8_t*, size_t, const BlockQ8_1*, float*, int, int);
+
+struct WeightKernels {
+    llm::Type type;
+    MatvecKernel dequant;
+    MatvecDp4aKernel dp4a;  // nullptr: no integer path for this type
+};
+const WeightKernels kWeightKernels[] = {
+    {llm::Type::F32, matvec_f32, nullptr},        {llm::Type::F16, matvec_f16, nullptr},
+    {llm::Type::BF16, matvec_bf16, nullptr},      {llm::Type::Q4_0, matvec_q4_0, matvec_q8_1_q4_0},
+    {llm::Type::Q4_1, matvec_q4_1, matvec_q8_1_q4_1}, {llm::Type::Q5_0, matvec_q5_0, matvec_q8_1_q5_0},
+    {llm::Type::Q5_1, matvec_q5_1, matvec_q8_1_q5_1}, {llm::Type::Q8_0, matvec_q8_0, matvec_q8_1_q8_0},
+    {llm::Type::IQ4_NL, matvec_iq4_nl, matvec_q8_1_iq4_nl}, {llm::Type::Q2_K, matvec_q2_K, nullptr},
+    {llm::Type::Q3_K, matvec_q3_K, nullptr},      {llm::Type::Q4_K, matvec_q4_K, nullptr},
+    {llm::Type::Q5_K, matvec_q5_K, nullptr},      {llm::Type::Q6_K, matvec_q6_K, nullptr},
+};
+
+// A random rows x k weight matrix in type t, as a model file stores it.
+std::vector<uint8_t> random_weights(llm::Type t, int rows, int k, uint64_t seed) {
+    const std::vector<float> w = random_floats(size_t(rows) * k, seed, 0.05f);
+    const size_t row_bytes = llm::row_bytes(t, k);
+    std::vector<uint8_t> out(row_bytes * rows);
+    for (int r = 0; r < rows; r++) llm::quantize_row_weights(t, &w[size_t(r) * k], &out[r * row_bytes], k);
+    return out;
+}
+
+// Row r of W dequantized by the CPU engine.
+std::vector<float> cpu_row(llm::Type t, const std::vector<uint8_t>& W, int k, int r) {
+    std::vector<float> row(k);
+    llm::dequantize_row(t, &W[r * llm::row_bytes(t, k)], row.data(), k);
+    return row;
+}
+
+// |got - want| within `rel` of the sum of the magnitudes of the products (the scale of the rounding).
+void check_dot(float got, double want, double magnitude, double rel) {
+    CHECK(std::fabs(got - want) <= rel * magnitude + 1e-30);
+}
+
+} // namespace
+
+TEST_CASE("cuda kernels: matvec of every weight type with f32 activations vs the CPU's dequantization") {
+    const int k = 512, rows = 40;  // rows not a multiple of 8: the last block has idle warps
+    const std::vector<float> x = random_floats(k, 11);
+    for (const WeightKernels& wk : kWeightKernels) {
+        CAPTURE(std::string(llm::type_info(wk.type).name));
+        const std::vector<uint8_t> W = random_weights(wk.type, rows, k, 12);
+        std::vector<float> y(rows, NAN);
+        simt::launch(dim3((rows + 7) / 8), dim3(kMatvecThreads), wk.dequant, W.data(), llm::row_bytes(wk.type, k), x.data(), y.data(), k, rows);
+        for (int r = 0; r < rows; r++) {
+            const std::vector<float> w = cpu_row(wk.type, W, k, r);
+            double want = 0, magnitude = 0;
+            for (int i = 0; i < k; i++) want += double(w[i]) * x[i], magnitude += std::fabs(double(w[i]) * x[i]);
+            check_dot(y[r], want, magnitude, 1e-5);
+        }
+    }
+}
+
+TEST_CASE("cuda kernels: q8_1 activations bit-exact with the CPU's, dp4a matvec vs the CPU's vec_dot") {
+    const int k = 1024, rows = 24;
+    std::vector<float> x = random_floats(k, 21);
+    for (int i = 64; i < 96; i++) x[i] = 0.0f;  // an all-zero block
+    std::vector<BlockQ8_1> act(k / 32);
+    simt::launch(dim3(k / 32 / 8), dim3(256), quantize_q8_1, x.data(), act.data(), k);
+    std::vector<uint8_t> cpu_act(llm::row_bytes(llm::Type::Q8_1, k));
+    llm::quantize_row(llm::Type::Q8_1, x.data(), cpu_act.data(), k);
+    CHECK(std::memcmp(act.data(), cpu_act.data(), cpu_act.size()) == 0);
+    // The same quants as q8_0 blocks (d, qs) for the types whose CPU dot product takes q8_0.
+    std::vector<uint8_t> cpu_act_q8_0(llm::row_bytes(llm::Type::Q8_0, k));
+    for (int b = 0; b < k / 32; b++) {
+        std::memcpy(&cpu_act_q8_0[b * 34], &act[b].d, 2);
+        std::memcpy(&cpu_act_q8_0[b * 34 + 2], act[b].qs, 32);
+    }
+    for (const WeightKernels& wk : kWeightKernels) {
+        if (!wk.dp4a) continue;
+        CAPTURE(std::string(llm::type_info(wk.type).name));
+        const std::vector<uint8_t> W = random_weights(wk.type, rows, k, 22);
+        const size_t row_bytes = llm::row_bytes(wk.type, k);
+        std::vector<float> y(rows, NAN);
+        simt::launch(dim3(rows / 8), dim3(kMatvecThreads), wk.dp4a, W.data(), row_bytes, act.data(), y.data(), k, rows);
+        const bool takes_q8_1 = llm::vec_dot_type(wk.type) == llm::Type::Q8_1;
+        for (int r = 0; r < rows; r++) {
+            const float want = llm::vec_dot(wk.type, k, &W[r * row_bytes], takes_q8_1 ? cpu_act.data() : cpu_act_q8_0.data());
+            const std::vector<float> w = cpu_row(wk.type, W, k, r);
+            double magnitude = 0;
+            for (int i = 0; i < k; i++) magnitude += std::fabs(double(w[i]) * x[i]);
+            check_dot(y[r], want, magnitude, 1e-5);
+        }
+    }
+}
