@@ -193,3 +193,12 @@ struct TypeQ6_K {  // ql[128], qh[64], scales[16] (int8), d
 template <class T> __device__ __forceinline__ float row_value(const uint8_t* row, int i) {
     return T::value(row + (i / T::block_size) * T::block_bytes, i % T::block_size);
 }
+
+// X(name, Type) for every weight type, and for those with a dp4a product: one kernel per type without
+// repeating the lists.
+#define LLM_FOR_EACH_WEIGHT_TYPE(X) \
+    X(f32, TypeF32) X(f16, TypeF16) X(bf16, TypeBF16) X(q4_0, TypeQ4_0) X(q4_1, TypeQ4_1) X(q5_0, TypeQ5_0) \
+    X(q5_1, TypeQ5_1) X(q8_0, TypeQ8_0) X(iq4_nl, TypeIQ4_NL) X(q2_K, TypeQ2_K) X(q3_K, TypeQ3_K) X(q4_K, TypeQ4_K) \
+    X(q5_K, TypeQ5_K) X(q6_K, TypeQ6_K)
+#define LLM_FOR_EACH_DP4A_TYPE(X) \
+    X(q4_0, TypeQ4_0) X(q4_1, TypeQ4_1) X(q5_0, TypeQ5_0) X(q5_1, TypeQ5_1) X(q8_0, TypeQ8_0) X(iq4_nl, TypeIQ4_NL)
