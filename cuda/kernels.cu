@@ -1,6 +1,3 @@
 // kernels.cu - the translation unit nvcc compiles: every kernel of cuda/*.cuh, as extern "C" entry
 // points the host looks up by name in the embedded fatbin.
-#include "matvec.cuh"
-#include "matmul.cuh"
-#include "ops.cuh"
-#include "attention.cuh"
+#include "kernels.cuh"

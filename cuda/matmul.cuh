@@ -4,9 +4,9 @@
 // and the matching 32-token slice of X into shared memory, then each thread accumulates four outputs
 // (one weight row, four tokens). X is [n_tokens x k], Y is [n_tokens x rows], both row-major f32.
 #pragma once
+#include "params.h"
 #include "quants.cuh"
 
-constexpr int kTile = 32, kMatmulThreads = 256;
 
 template <class T>
 __device__ void matmul_tiled(const uint8_t* W, size_t row_bytes, const float* X, float* Y, int k, int rows, int n_tokens) {

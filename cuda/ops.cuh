@@ -1,6 +1,7 @@
 // ops.cuh - the element-wise and per-row operations of a transformer block: embedding lookup, RMSNorm,
 // RoPE, gated activations, residual adds, scaling, softmax.
 #pragma once
+#include "params.h"
 #include "quants.cuh"
 
 constexpr int kRowThreads = 256;  // one block per row for the per-row kernels
@@ -30,13 +31,6 @@ LLM_KERNEL void rms_norm(const float* x, const float* weight, float* out, int di
 
 // RoPE as the CPU computes it: cos/sin per token by repeated multiplication of theta in float
 // (rope_cache, one thread per token), then the rotation of every head (rope).
-struct RopeParams {
-    int n_rot;
-    float base, freq_scale, attn_factor;
-    float ext_factor, beta_fast, beta_slow;  // YaRN (ext_factor 0: off)
-    int n_ctx_orig;
-    const float* freq_factors;  // n_rot / 2 divisors of theta, or nullptr
-};
 
 // YaRN's correction dimension for n_rot_beta rotations over the original context.
 __device__ __forceinline__ float yarn_corr_dim(const RopeParams& p, float n_rot_beta) {
@@ -110,6 +104,11 @@ LLM_KERNEL void add(float* x, const float* y, long long n, long long period) {
 }
 LLM_KERNEL void scale(float* x, float factor, long long n) {
     grid_stride(n, [=](long long i) { x[i] *= factor; });
+}
+
+// dst row i = src row rows[i] (dim values): the rows that want logits.
+LLM_KERNEL void gather_rows(const float* src, const int* rows, float* dst, int dim) {
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) dst[size_t(blockIdx.x) * dim + i] = src[size_t(rows[blockIdx.x]) * dim + i];
 }
 
 // Row blockIdx.x of x (n values) = softmax(x * factor), max-subtracted.

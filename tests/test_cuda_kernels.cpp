@@ -119,7 +119,7 @@ TEST_CASE("simt: 4096x4096 f32 matvec, 256-thread blocks (timing)") {
     const std::vector<float> W = random_floats(size_t(k) * rows, 2), x = random_floats(k, 3);
     std::vector<float> y(rows);
     const auto t0 = std::chrono::steady_clock::now();
-    simt::launch(dim3(rows / 8), dim3(kMatvecThreads), matvec_f32, (const uint8_t*)W.data(), size_t(k) * 4, x.data(), y.data(), k, rows);
+    simt::launch(dim3(rows / kMatvecRowsPerBlock), dim3(kMatvecThreads), matvec_f32, (const uint8_t*)W.data(), size_t(k) * 4, x.data(), y.data(), k, rows);
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     MESSAGE("4096x4096 f32 matvec on the emulator: " << seconds << " s with " << simt::worker_count() << " workers");
     for (int r = 0; r < rows; r += 511) {
@@ -179,20 +179,22 @@ void check_dot(float got, double want, double magnitude, double rel) {
 
 } // namespace
 
-TEST_CASE("cuda kernels: matvec of every weight type with f32 activations vs the CPU's dequantization") {
-    const int k = 512, rows = 40;  // rows not a multiple of 8: the last block has idle warps
-    const std::vector<float> x = random_floats(k, 11);
+TEST_CASE("cuda kernels: matvec (3 tokens) of every weight type with f32 activations vs the CPU's dequantization") {
+    const int k = 512, rows = 40, n_tokens = 3;  // the last block has idle warps
+    const std::vector<float> x = random_floats(size_t(n_tokens) * k, 11);
     for (const WeightKernels& wk : kWeightKernels) {
         CAPTURE(std::string(llm::type_info(wk.type).name));
         const std::vector<uint8_t> W = random_weights(wk.type, rows, k, 12);
-        std::vector<float> y(rows, NAN);
-        simt::launch(dim3((rows + 7) / 8), dim3(kMatvecThreads), wk.matvec, W.data(), llm::row_bytes(wk.type, k), x.data(), y.data(), k, rows);
-        for (int r = 0; r < rows; r++) {
-            const std::vector<float> w = cpu_row(wk.type, W, k, r);
-            double want = 0, magnitude = 0;
-            for (int i = 0; i < k; i++) want += double(w[i]) * x[i], magnitude += std::fabs(double(w[i]) * x[i]);
-            check_dot(y[r], want, magnitude, 1e-5);
-        }
+        std::vector<float> y(size_t(n_tokens) * rows, NAN);
+        simt::launch(dim3((rows + kMatvecRowsPerBlock - 1) / kMatvecRowsPerBlock, n_tokens), dim3(kMatvecThreads), wk.matvec, W.data(),
+                     llm::row_bytes(wk.type, k), x.data(), y.data(), k, rows);
+        for (int t = 0; t < n_tokens; t++)
+            for (int r = 0; r < rows; r++) {
+                const std::vector<float> w = cpu_row(wk.type, W, k, r);
+                double want = 0, magnitude = 0;
+                for (int i = 0; i < k; i++) want += double(w[i]) * x[t * k + i], magnitude += std::fabs(double(w[i]) * x[t * k + i]);
+                check_dot(y[t * rows + r], want, magnitude, 1e-5);
+            }
     }
 }
 
@@ -217,7 +219,7 @@ TEST_CASE("cuda kernels: q8_1 activations bit-exact with the CPU's, dp4a matvec 
         const std::vector<uint8_t> W = random_weights(wk.type, rows, k, 22);
         const size_t row_bytes = llm::row_bytes(wk.type, k);
         std::vector<float> y(rows, NAN);
-        simt::launch(dim3(rows / 8), dim3(kMatvecThreads), wk.dp4a, W.data(), row_bytes, act.data(), y.data(), k, rows);
+        simt::launch(dim3((rows + kMatvecRowsPerBlock - 1) / kMatvecRowsPerBlock), dim3(kMatvecThreads), wk.dp4a, W.data(), row_bytes, act.data(), y.data(), k, rows);
         const bool takes_q8_1 = llm::vec_dot_type(wk.type) == llm::Type::Q8_1;
         for (int r = 0; r < rows; r++) {
             const float want = llm::vec_dot(wk.type, k, &W[r * row_bytes], takes_q8_1 ? cpu_act.data() : cpu_act_q8_0.data());
@@ -370,8 +372,11 @@ TEST_CASE("cuda kernels: SiLU / GELU gating, residual add with a period, scale, 
 }
 
 TEST_CASE("cuda kernels: fused attention over an f16 cache (GQA, causal, sliding window) vs softmax then sum") {
-    const int n_head = 8, n_head_kv = 2, head_dim = 64, n_cells = 40;
+    const int n_head = 8, n_head_kv = 2, head_dim = 64, n_cells = 48, page = 16;
     const int pos[] = {0, 13, 38, 39};
+    const int seq[] = {0, 0, 0, 0};
+    const int page_cells[] = {32, 0, 16};  // the sequence's pages out of order in the pool
+    auto cell_of = [&](int c) { return page_cells[c / page] + c % page; };
     const int n_tokens = 4;
     const std::vector<float> q = random_floats(size_t(n_tokens) * n_head * head_dim, 81);
     const std::vector<float> kf = random_floats(size_t(n_cells) * n_head_kv * head_dim, 82), vf = random_floats(kf.size(), 83);
@@ -379,10 +384,10 @@ TEST_CASE("cuda kernels: fused attention over an f16 cache (GQA, causal, sliding
     for (size_t i = 0; i < kf.size(); i++) k_cache[i] = __half_as_ushort(__float2half(kf[i])), v_cache[i] = __half_as_ushort(__float2half(vf[i]));
     auto h2f = [](uint16_t b) { return double(__half2float(__ushort_as_half(b))); };
     for (int n_swa : {0, 10}) {
-        const AttnParams p{n_tokens, n_head, n_head_kv, head_dim, head_dim, n_head_kv * head_dim, n_head_kv * head_dim, 0.125f, n_swa};
+        const AttnParams p{n_tokens, n_head, n_head_kv, head_dim, head_dim, n_head_kv * head_dim, n_head_kv * head_dim, 0.125f, n_swa, 3, page};
         std::vector<float> out(size_t(n_tokens) * n_head * head_dim, NAN);
-        simt::launch(dim3((n_tokens * n_head + 3) / 4), dim3(kAttnThreads), flash_attn_f16, q.data(), (const uint16_t*)k_cache.data(),
-                     (const uint16_t*)v_cache.data(), pos, out.data(), p);
+        simt::launch(dim3((n_tokens * n_head + kAttnThreads / 32 - 1) / (kAttnThreads / 32)), dim3(kAttnThreads), flash_attn_f16, q.data(), (const uint16_t*)k_cache.data(),
+                     (const uint16_t*)v_cache.data(), pos, seq, page_cells, out.data(), p);
         for (int t = 0; t < n_tokens; t++)
             for (int h = 0; h < n_head; h++) {
                 const int hk = h / (n_head / n_head_kv), lo = n_swa ? std::max(0, pos[t] - n_swa + 1) : 0;
@@ -391,14 +396,14 @@ TEST_CASE("cuda kernels: fused attention over an f16 cache (GQA, causal, sliding
                 for (int c = lo; c <= pos[t]; c++) {
                     double d = 0;
                     for (int i = 0; i < head_dim; i++)
-                        d += double(__half2float(__float2half(q[(size_t(t) * n_head + h) * head_dim + i]))) * h2f(k_cache[(size_t(c) * n_head_kv + hk) * head_dim + i]);
+                        d += double(__half2float(__float2half(q[(size_t(t) * n_head + h) * head_dim + i]))) * h2f(k_cache[(size_t(cell_of(c)) * n_head_kv + hk) * head_dim + i]);
                     score.push_back(d * 0.125);
                     m = std::max(m, d * 0.125);
                 }
                 for (double& s : score) sum += (s = std::exp(s - m));
                 for (int i = 0; i < head_dim; i++) {
                     double want = 0;
-                    for (int c = lo; c <= pos[t]; c++) want += score[c - lo] / sum * h2f(v_cache[(size_t(c) * n_head_kv + hk) * head_dim + i]);
+                    for (int c = lo; c <= pos[t]; c++) want += score[c - lo] / sum * h2f(v_cache[(size_t(cell_of(c)) * n_head_kv + hk) * head_dim + i]);
                     CHECK(out[(size_t(t) * n_head + h) * head_dim + i] == doctest::Approx(want).epsilon(1e-5).scale(1.0));
                 }
             }
