@@ -7,8 +7,8 @@
 //
 // Table of contents
 //   1. Public API            errors, tensor types, GGUF reader, quantized rows, quantizer, vocabulary,
-//                            chat templates, model, context (KV cache, batches), sampler, evaluation,
-//                            memory planning
+//                            chat templates, model (and its -ngl placement), context (KV cache,
+//                            batches), offload backends (the GPU seam), sampler, evaluation, memory planning
 //   -- implementation (LLM_IMPLEMENTATION) --
 //   2. Utilities             errors, half/bfloat conversions, timing
 //   3. Block layouts         ggml's quantized blocks, byte for byte, the type table, interleaved groups
@@ -22,10 +22,11 @@
 //  10. Tokenizer             unicode tables, SentencePiece, byte-level BPE with pre-tokenizers, specials
 //  11. Chat templates        family detection and byte-exact rendering
 //  12. Thread pool           persistent workers, parallel-for
-//  13. Model                 hyperparameters from metadata, tensor binding per architecture, load-time
-//                            repacking of the matmul weights
+//  13. Model                 hyperparameters from metadata, tensor binding per architecture, layer
+//                            placement (offload driver), load-time repacking of the CPU's matmul weights
 //  14. KV cache              paged cells in f32/f16/q8_0/q4_0/iq4_nl, per-sequence or unified
-//  15. Forward pass          GQA and MLA attention, dense and MoE FFN, one path for prefill and decode
+//  15. Forward pass          GQA and MLA attention, dense and MoE FFN, one path for prefill and decode;
+//                            the device layers' hand-off to an offload backend
 //  16. Memory planning       KV bytes per token, the --plan calculator
 //  17. Sampling              penalties, top-k, top-p, min-p, temperature, seeded RNG
 //  18. Evaluation            perplexity and KL divergence

@@ -98,3 +98,29 @@ TEST_CASE("cuda golden: partial offload (-ngl 2 of 4 layers, -ngl 4 without the 
         }
     }
 }
+
+TEST_CASE("cuda golden: llm-server-emu --dump-logits with -ngl 99 / -ngl all / -ngl 2 matches the reference") {
+    REQUIRE(testutil::file_exists("./llm-server-emu"));
+    const golden::GoldenCase c = find_case("tiny-llama-Q4_0-pure-kvf16");
+    const std::vector<int32_t> toks = golden::json_tokens(testutil::read_file(testutil::shared_dir() + "/golden/logits/" + c.name + ".json"));
+    std::string ids;
+    for (int32_t t : toks) ids += (ids.empty() ? "" : ",") + std::to_string(t);
+    const std::string out = "build/emu-dump.f32";
+    for (const char* ngl : {"99", "all", "2"}) {
+        CAPTURE(ngl);
+        std::string log;
+        const int rc = testutil::run("./llm-server-emu -m " + testutil::shared_dir() + "/golden/models/" + c.model + " --prompt-ids " + ids +
+                                         " --dump-logits " + out + " -ngl " + ngl + " 2>&1",
+                                     &log);
+        REQUIRE_MESSAGE(rc == 0, log);
+        const std::string raw = testutil::read_file(out);
+        const std::vector<float> ref = golden::reference_logits(c, toks.size() * 1024);
+        REQUIRE(raw.size() == ref.size() * sizeof(float));
+        std::vector<float> ours(ref.size());
+        std::memcpy(ours.data(), raw.data(), raw.size());
+        const golden::Agreement a = golden::compare(ref, ours, 1024);
+        MESSAGE("llm-server-emu -ngl " << ngl << ": mean KL " << a.mean_kl << ", top-1 " << a.top1);
+        CHECK(a.mean_kl <= 5e-3);
+        CHECK(a.top1 >= 0.90);
+    }
+}
