@@ -106,7 +106,7 @@ TEST_CASE("cuda golden: llm-server-emu --dump-logits with -ngl 99 / -ngl all / -
     std::string ids;
     for (int32_t t : toks) ids += (ids.empty() ? "" : ",") + std::to_string(t);
     const std::string out = "build/emu-dump.f32";
-    for (const char* ngl : {"99", "all", "2"}) {
+    for (const std::string ngl : {"99", "all", "2"}) {
         CAPTURE(ngl);
         std::string log;
         const int rc = testutil::run("./llm-server-emu -m " + testutil::shared_dir() + "/golden/models/" + c.model + " --prompt-ids " + ids +
