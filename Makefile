@@ -4,6 +4,10 @@
 #   make test         also builds tests/run, tests/consumer and tests/consumer_portable (no SIMD),
 #                     then runs them from the repo root
 #                     (doctest options through TEST_ARGS, e.g. make test TEST_ARGS='-tc=*gguf*')
+#   make cuda         llm-server-cuda: the server with the CUDA backend (nvcc builds the kernels' fatbin,
+#                     zig's C++ driver builds and links the host code against glibc 2.17; libcuda.so.1 is
+#                     loaded at run time, so the binary runs without a GPU too, on the CPU)
+#   make llm-server-emu  the same server with the kernels on the SIMT emulator (tests/simt.hpp)
 #   make fuzz         libFuzzer targets fuzz/fuzz_*.cpp -> build/fuzz/ (clang); run them with scripts/fuzz
 #   make clean
 #
@@ -35,7 +39,44 @@ CONS_OBJS  := $(B)/tests/consumer_a.o $(B)/tests/consumer_b.o
 
 FUZZ_BINS  := $(patsubst fuzz/%.cpp,$(B)/fuzz/%,$(wildcard fuzz/fuzz_*.cpp))
 
-.PHONY: all test fuzz clean
+# ---- GPU builds ---------------------------------------------------------------------------------
+# Device code for every target GPU generation and PTX for the newest (later GPUs JIT it).
+NVCC       ?= nvcc
+CUDA_ARCHS ?= 75 80 86 89 90
+NVCCFLAGS  ?= -O3 -std=c++17 $(foreach a,$(CUDA_ARCHS),-gencode arch=compute_$(a),code=sm_$(a)) \
+              -gencode arch=compute_$(lastword $(CUDA_ARCHS)),code=compute_$(lastword $(CUDA_ARCHS))
+ZIGCXX     ?= python3 -m ziglang c++ -target x86_64-linux-gnu.2.17 -Wno-unknown-warning-option
+CUDA_KERNEL_SRCS := $(wildcard cuda/*.cuh cuda/*.h) cuda/kernels.cu
+CUDA_OBJS  := $(patsubst %.cpp,$(B)/zig/%.o,$(wildcard server/*.cpp)) $(B)/zig/cuda/device_cuda.o
+EMU_OBJS   := $(patsubst %.cpp,$(B)/emu/%.o,$(wildcard server/*.cpp)) $(B)/emu/cuda/device_emu.o
+
+$(B)/cuda/kernels.fatbin: $(CUDA_KERNEL_SRCS)
+	@mkdir -p $(@D)
+	$(NVCC) $(NVCCFLAGS) -fatbin -o $@ cuda/kernels.cu
+
+# zig compiles against its own glibc 2.17 headers; of the system's headers it sees only nlohmann/json.
+$(B)/zig/include/nlohmann:
+	@mkdir -p $(@D)
+	ln -sfn /usr/include/nlohmann $@
+
+$(B)/zig/cuda/device_cuda.o: $(B)/cuda/kernels.fatbin
+$(B)/zig/%.o: %.cpp | $(B)/zig/include/nlohmann
+	@mkdir -p $(@D)
+	$(ZIGCXX) $(CPPFLAGS) -isystem $(B)/zig/include -DLLM_OFFLOAD -DLLM_CUDA_FATBIN=$(B)/cuda/kernels.fatbin $(CXXFLAGS) -c -o $@ $<
+
+llm-server-cuda: $(CUDA_OBJS)
+	$(ZIGCXX) $(CXXFLAGS) $(LDFLAGS) -o $@ $^ -ldl
+
+cuda: llm-server-cuda
+
+$(B)/emu/%.o: %.cpp
+	@mkdir -p $(@D)
+	$(CXX) $(CPPFLAGS) -DLLM_OFFLOAD $(CXXFLAGS) -c -o $@ $<
+
+llm-server-emu: $(EMU_OBJS)
+	$(CXX) $(CXXFLAGS) -static $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+.PHONY: all test fuzz clean cuda
 .SECONDARY:  # keep build/*.o, which pattern rules would otherwise delete as intermediates
 .DEFAULT_GOAL := all
 
@@ -61,8 +102,9 @@ tests/consumer: $(CONS_OBJS)
 tests/consumer_portable: tests/consumer_a.cpp tests/consumer_b.cpp llm.hpp
 	$(CXX) $(CPPFLAGS) -DLLM_NO_SIMD $(CXXFLAGS) $(LDFLAGS) -o $@ tests/consumer_a.cpp tests/consumer_b.cpp $(LDLIBS)
 
-# The tests start ./llm-server, so the programs are built first; everything runs from the repo root.
-test: $(BINS) tests/consumer tests/consumer_portable tests/run
+# The tests start ./llm-server (and ./llm-server-emu), so the programs are built first; everything runs
+# from the repo root.
+test: $(BINS) llm-server-emu tests/consumer tests/consumer_portable tests/run
 	./tests/consumer
 	./tests/consumer_portable
 	./tests/run $(TEST_ARGS)
@@ -74,6 +116,6 @@ $(B)/fuzz/%: fuzz/%.cpp
 	$(FUZZ_CXX) $(CPPFLAGS) $(FUZZ_CXXFLAGS) -o $@ $<
 
 clean:
-	rm -rf $(B) llm-server llm-quantize tests/run tests/consumer tests/consumer_portable
+	rm -rf $(B) llm-server llm-quantize llm-server-cuda llm-server-emu tests/run tests/consumer tests/consumer_portable
 
 -include $(shell find $(B) -name '*.d' 2>/dev/null)

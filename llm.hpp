@@ -7,9 +7,9 @@
 //
 // Table of contents
 //   1. Public API            errors, tensor types, GGUF reader, quantized rows, quantizer, vocabulary,
-//                            chat templates, model, pooling, context (KV cache, batches with an
-//                            attention mask, embeddings), sampler and GBNF grammar, evaluation,
-//                            memory planning
+//                            chat templates, model (and its -ngl placement), pooling, context (KV cache,
+//                            batches with an attention mask, embeddings), offload backends (the GPU seam),
+//                            sampler and GBNF grammar, evaluation, memory planning
 //   -- implementation (LLM_IMPLEMENTATION) --
 //   2. Utilities             errors, half/bfloat conversions, timing
 //   3. Block layouts         ggml's quantized blocks, byte for byte, the type table, interleaved groups
@@ -28,11 +28,12 @@
 //                            reasoning parsers of generated text; family renderers (fallback)
 //  12. Thread pool           persistent workers, parallel-for
 //  13. Model                 hyperparameters from metadata (read_hparams, shared with the quantizer),
-//                            tensor binding per architecture, load-time
-//                            repacking of the matmul weights
+//                            tensor binding per architecture, layer placement (offload driver),
+//                            load-time repacking of the CPU's matmul weights
 //  14. KV cache              paged cells in f32/f16/q8_0/q4_0/iq4_nl, per-sequence or unified
 //  15. Forward pass          GQA and MLA attention, dense and MoE FFN, one path for prefill and decode;
-//                            the bert encoder, embeddings and pooling (mean/cls/last/rank head)
+//                            the device layers' hand-off to an offload backend; the bert encoder,
+//                            embeddings and pooling (mean/cls/last/rank head)
 //  16. Memory planning       KV bytes per token, the --plan calculator
 //  17. Sampling              llama.cpp's chain (logit bias, penalties, DRY, top-n-sigma, top-k, typical,
 //                            top-p, min-p, XTC, (dynamic) temperature, mirostat), GBNF grammars
@@ -600,7 +601,20 @@ struct LayerWeights {
     const TensorInfo *attn_out_norm = nullptr, *attn_out_norm_b = nullptr, *out_norm = nullptr, *out_norm_b = nullptr;
 };
 
+// Which layers run on an offload device, as llama.cpp's -ngl N places them: the last N repeating
+// layers, and the output layer (final norm and logits) too when N > n_layer (-ngl 99: everything).
+// Token embeddings stay on the CPU. The CPU repacks only the layers it runs.
+struct Placement {
+    int first_device_layer = 1 << 30;  // layers [first_device_layer, n_layer) run on the device
+    bool output_on_device = false;
+    int n_layer = 0;
+    bool any() const { return first_device_layer < n_layer || output_on_device; }
+    bool on_device(int il) const { return il >= first_device_layer; }
+};
+Placement offload_placement(int n_layer, int n_gpu_layers);  // n_gpu_layers < 0: all
+
 struct ModelOptions {
+    int n_gpu_layers = 0;        // -ngl: layers to offload (< 0: all); needs an offload driver (below)
     bool use_mmap = true;
     bool mlock = false;
     bool vocab_only = false;     // tokenizer only: no architecture or tensors required
@@ -625,6 +639,7 @@ public:
     const TensorInfo *pos_embd = nullptr, *tok_types = nullptr, *tok_norm = nullptr, *tok_norm_b = nullptr;
     const TensorInfo *cls = nullptr, *cls_b = nullptr, *cls_out = nullptr, *cls_out_b = nullptr;
     std::vector<LayerWeights> layers;
+    Placement placement;         // none unless ModelOptions::n_gpu_layers and a driver that found a device
     std::vector<std::vector<uint8_t>> derived;  // tensors made at load (legacy MLA k_b, transposed)
     std::vector<std::unique_ptr<TensorInfo>> interleaved;  // repacked dense weights (the layers point here)
     std::unique_ptr<uint8_t[]> interleaved_data;            // all repacked weights' bytes
@@ -713,6 +728,39 @@ public:
 private:
     std::unique_ptr<Impl> impl_;
 };
+
+// ---- Offload backends ----------------------------------------------------------------------
+// The seam a device backend (CUDA, or the SIMT emulator in tests) implements in its own translation
+// unit. A Context whose model has device layers runs the CPU layers, hands the activations over once,
+// and the backend runs the rest (and the output when placed there); its KV cache holds the device
+// layers' rows at the cells the Context's page tables assign, so sequence bookkeeping stays here.
+struct OffloadBatch {
+    const Batch* batch = nullptr;
+    const int32_t* cells = nullptr;       // per token: the cache cell its K/V rows go to
+    const int32_t* page_cells = nullptr;  // n_seq x pages_per_seq: first cell of each page of a sequence
+    int n_seq = 0, pages_per_seq = 0, page_size = 0;
+};
+
+class OffloadBackend {
+public:
+    virtual ~OffloadBackend() = default;
+    // x: n_tokens x n_embd, the input of the first device layer. Without the output on the device, x
+    // comes back as the last layer's output; with it, the logits of rows logit_rows[0..n_logits) go
+    // to logits (n_logits x n_vocab) and x is left as it is.
+    virtual void forward(const OffloadBatch& b, float* x, int n_logits, const int32_t* logit_rows, float* logits) = 0;
+    // The device layers' K/V rows of `cells`, in order, as bytes (for seq_save) and back.
+    virtual std::vector<uint8_t> read_cells(const std::vector<int32_t>& cells) = 0;
+    virtual void write_cells(const std::vector<int32_t>& cells, const uint8_t* bytes) = 0;
+    virtual size_t bytes_per_cell() const = 0;
+};
+
+// A device family: probed once when a model asks for -ngl (no device: one line on stderr, CPU only).
+struct OffloadDriver {
+    std::string name;                                // "CUDA", "SIMT emulator"
+    std::function<bool(std::string& why_not)> probe;  // true when a device is usable
+    std::function<std::unique_ptr<OffloadBackend>(const Model&, const ContextParams&, int n_cells)> create;
+};
+void set_offload_driver(const OffloadDriver& driver);  // replaces the previous one
 
 // ---- Sampling ------------------------------------------------------------------------------
 // The stages of the sampling chain, named as llama.cpp's common_sampler_type. The chain always starts
@@ -12084,6 +12132,34 @@ static void check_f32_tensors(const Model& m) {
     for (const TensorInfo* t : {m.output_norm, m.rope_freqs, m.tok_norm, m.tok_norm_b, m.cls_b, m.cls_out_b}) need_f32(t);
 }
 
+static OffloadDriver& offload_driver() {
+    static OffloadDriver driver;
+    return driver;
+}
+void set_offload_driver(const OffloadDriver& driver) { offload_driver() = driver; }
+
+Placement offload_placement(int n_layer, int n_gpu_layers) {
+    Placement p;
+    p.n_layer = n_layer;
+    const bool all = n_gpu_layers < 0 || n_gpu_layers > n_layer;
+    p.first_device_layer = all ? 0 : n_layer - n_gpu_layers;
+    p.output_on_device = all;
+    return p;
+}
+
+// The placement a model gets: -ngl's, when the driver finds a device; otherwise everything on the
+// CPU, said once on stderr when layers were asked for.
+static Placement place_layers(int n_layer, int n_gpu_layers) {
+    if (n_gpu_layers == 0) return offload_placement(n_layer, 0);
+    const OffloadDriver& d = offload_driver();
+    std::string why = "this build has no GPU backend";
+    static bool told = false;
+    if (d.probe && d.probe(why)) return offload_placement(n_layer, n_gpu_layers);
+    if (!told) fprintf(stderr, "llm: %s%s%s: running on the CPU\n", d.name.c_str(), d.name.empty() ? "" : ": ", why.c_str());
+    told = true;
+    return offload_placement(n_layer, 0);
+}
+
 // Repacks every matmul weight the interleaved kernels support into one buffer, on all cores, and
 // lets the kernel drop the mapped pages (clean file pages: reading them again would just re-fault),
 // so resident memory stays about one copy of the weights. Without mmap the file's bytes live in a
@@ -12098,10 +12174,12 @@ static std::vector<const uint8_t*> interleave_weights(Model& m) {
         todo.push_back(m.interleaved.back().get());
     };
     // The output projection too; a tied token embedding then reads its rows from the repacked copy.
+    // Layers placed on an offload device keep the file's layout (the device reads that).
     const bool tied = m.output == m.tok_embd;
-    dense(&m.output);
+    if (!m.placement.output_on_device) dense(&m.output);
     if (tied) m.tok_embd = m.output;
-    for (LayerWeights& L : m.layers) {
+    for (int il = 0; il < std::min(m.hp.n_layer, m.placement.first_device_layer); il++) {
+        LayerWeights& L = m.layers[il];
         for (const TensorInfo** w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.wq_a, &L.wq_b, &L.wkv_a, &L.ffn_gate, &L.ffn_up,
                                      &L.ffn_down, &L.gate_shexp, &L.up_shexp, &L.down_shexp})
             dense(w);
@@ -12162,6 +12240,7 @@ std::unique_ptr<Model> Model::load(const std::string& path, const ModelOptions& 
     if (opt.metadata_only) return m;
     bind_tensors(*m);
     check_f32_tensors(*m);
+    m->placement = place_layers(m->hp.n_layer, opt.n_gpu_layers);
     std::vector<const uint8_t*> replaced;
     if (opt.interleave && opt.use_mmap) replaced = interleave_weights(*m);
     if (opt.mlock) {
@@ -12208,7 +12287,7 @@ struct KVCache {
     // Cells live in pages of kBlock tokens taken from one pool. Split mode gives every sequence
     // n_cells / n_seq positions and a pool large enough that it can always have them; unified mode
     // (kv_unified) lets any sequence grow to the whole pool while others leave room.
-    void init(const HParams& hp, const ContextParams& cp, int n_cells_total) {
+    void init(const HParams& hp, const ContextParams& cp, int n_cells_total, int n_cpu_layers) {
         for (Type t : {cp.type_k, cp.type_v}) {
             if (t != Type::F32 && t != Type::F16 && t != Type::Q8_0 && t != Type::Q4_0 && t != Type::IQ4_NL) {
                 fail("KV cache type %s is not supported (f32, f16, q8_0, q4_0, iq4_nl)", type_info(t).name);
@@ -12234,7 +12313,7 @@ struct KVCache {
         }
         if (!hp.mla && quantized(type_v) && hp.head_dim_v % 64 == 0) rot_v = 64;
         const size_t cells = (size_t)n_blocks * kBlock;
-        for (int il = 0; il < n_layer; il++) {
+        for (int il = 0; il < n_cpu_layers; il++) {  // an offload device holds the other layers' rows
             // new[] without value-initialization: pages are only committed as tokens are written.
             k.emplace_back(new uint8_t[cells * row_k]);
             v.emplace_back(row_v ? new uint8_t[cells * row_v] : nullptr);
@@ -12297,6 +12376,7 @@ struct Context::Impl {
     std::vector<ActInfo> infos;                 // and their per-block data for the tiles
     std::vector<std::vector<float>> thread_scratch;
     std::vector<std::vector<uint8_t>> thread_bytes;
+    std::unique_ptr<OffloadBackend> device;     // runs the layers the model placed on a device
 
     Impl(const Model& m, const ContextParams& p) : model(m), params(p), pool(p.n_threads), thread_scratch(p.n_threads), thread_bytes(p.n_threads) {}
 
@@ -12952,7 +13032,7 @@ struct Context::Impl {
             embedding_row(m.tok_embd, batch.token[i], x.data() + i * E);
             if (hp.embd_scale != 1.0f) for (int64_t j = 0; j < E; j++) x[i * E + j] *= hp.embd_scale;
         }
-        for (int il = 0; il < hp.n_layer; il++) {
+        for (int il = 0; il < std::min(hp.n_layer, m.placement.first_device_layer); il++) {
             const LayerWeights& L = m.layers[il];
             rms_norm_to(x.data(), L.attn_norm, hp.norm_eps, n, E, cur.data());
             if (hp.mla) attention_mla(il, batch, n); else attention_gqa(il, batch, n);
@@ -12965,6 +13045,12 @@ struct Context::Impl {
             if (L.post_ffn_norm) rms_norm(tmp.data(), L.post_ffn_norm, hp.norm_eps, n, E);
             for (int64_t j = 0; j < n * E; j++) x[j] += tmp[j];
         }
+        std::vector<int32_t> logit_rows;
+        for (int i = 0; i < n; i++)
+            if (batch.want_logits[i]) logit_rows.push_back(i);
+        n_logits = (int)logit_rows.size();
+        logits.resize((size_t)n_logits * hp.n_vocab);
+        if (device) offload(batch, logit_rows);
         for (int i = 0; i < n; i++) kv.seq_len[batch.seq[i]] = batch.pos[i] + 1;
         if (params.embeddings) {  // a decoder as an embedder: its final-norm hidden states
             n_logits = 0;
@@ -12972,18 +13058,40 @@ struct Context::Impl {
             store_embeddings(batch, cur.data());
             return;
         }
+        if (m.placement.output_on_device || n_logits == 0) return;
 
         // Output: only the rows that asked for logits.
-        n_logits = 0;
-        for (int i = 0; i < n; i++) {
-            if (!batch.want_logits[i]) continue;
-            std::copy(x.begin() + i * E, x.begin() + (i + 1) * E, x.begin() + n_logits * E);
-            n_logits++;
-        }
-        if (n_logits == 0) return;
+        for (int j = 0; j < n_logits; j++)
+            std::copy(x.begin() + logit_rows[j] * E, x.begin() + (logit_rows[j] + 1) * E, x.begin() + j * E);
         rms_norm_to(x.data(), m.output_norm, hp.norm_eps, n_logits, E, cur.data());
-        logits.resize((size_t)n_logits * hp.n_vocab);
         matmul({{m.output, cur.data(), n_logits, logits.data()}});
+    }
+
+    // The cells of positions [0, n) of seq.
+    std::vector<int32_t> seq_cells(int seq, int n) const {
+        std::vector<int32_t> cells(n);
+        for (int pos = 0; pos < n; pos++) cells[pos] = (int32_t)kv.cell(seq, pos);
+        return cells;
+    }
+
+    // The device's part of a batch: its layers' cache cells (from this context's page tables) and
+    // the activations, across once each way.
+    void offload(const Batch& batch, const std::vector<int32_t>& logit_rows) {
+        std::vector<int32_t> cells(batch.size()), page_cells;
+        for (size_t i = 0; i < batch.size(); i++) cells[i] = (int32_t)kv.cell(batch.seq[i], batch.pos[i]);
+        size_t pages_per_seq = 0;
+        for (const auto& pages : kv.pages) pages_per_seq = std::max(pages_per_seq, pages.size());
+        page_cells.assign(kv.n_seq * pages_per_seq, 0);
+        for (int s = 0; s < kv.n_seq; s++)
+            for (size_t b = 0; b < kv.pages[s].size(); b++) page_cells[s * pages_per_seq + b] = kv.pages[s][b] * KVCache::kBlock;
+        OffloadBatch ob;
+        ob.batch = &batch;
+        ob.cells = cells.data();
+        ob.page_cells = page_cells.data();
+        ob.n_seq = kv.n_seq;
+        ob.pages_per_seq = (int)pages_per_seq;
+        ob.page_size = KVCache::kBlock;
+        device->forward(ob, x.data(), (int)logit_rows.size(), logit_rows.data(), logits.data());
     }
 };
 
@@ -13041,7 +13149,14 @@ Context::Context(const Model& model, const ContextParams& params) {
     if (p.n_ctx < p.n_seq) fail("context of %d cells cannot hold %d sequences", p.n_ctx, p.n_seq);
     if (!model.hp.causal && !p.embeddings) fail("an encoder (%s) has no logits: use it with embeddings on", model.arch_str.c_str());
     impl_ = std::make_unique<Impl>(model, p);
-    impl_->kv.init(model.hp, p, p.n_ctx);
+    impl_->kv.init(model.hp, p, p.n_ctx, std::min(model.hp.n_layer, model.placement.first_device_layer));
+    if (model.placement.any()) {
+        if (p.embeddings && model.placement.output_on_device)
+            fail("embeddings read the last hidden states on the CPU: keep the output layer there (-ngl <= n_layer)");
+        impl_->device = offload_driver().create(model, p, impl_->kv.n_blocks * KVCache::kBlock);
+        if (impl_->device->bytes_per_cell() != (impl_->kv.row_k + impl_->kv.row_v) * (model.hp.n_layer - model.placement.first_device_layer))
+            fail("offload backend: its cache rows do not match the CPU's");
+    }
     if (!p.embeddings) return;
     Impl& d = *impl_;
     d.pooling = p.pooling == Pooling::Unspecified ? model.hp.pooling : p.pooling;
@@ -13112,9 +13227,13 @@ std::vector<uint8_t> Context::seq_save(int seq, int n) const {
     std::vector<uint8_t> blob(sizeof(int32_t) + kv.bytes_per_token() * n);
     memcpy(blob.data(), &n, sizeof(int32_t));
     uint8_t* p = blob.data() + sizeof(int32_t);
-    for (int il = 0; il < kv.n_layer; il++) {
+    for (int il = 0; il < (int)kv.k.size(); il++) {
         for (int pos = 0; pos < n; pos++, p += kv.row_k) memcpy(p, kv.k_row(il, seq, pos), kv.row_k);
         for (int pos = 0; pos < n && kv.row_v; pos++, p += kv.row_v) memcpy(p, kv.v_row(il, seq, pos), kv.row_v);
+    }
+    if (impl_->device) {  // then the device layers' rows
+        const std::vector<uint8_t> rows = impl_->device->read_cells(impl_->seq_cells(seq, n));
+        memcpy(p, rows.data(), rows.size());
     }
     return blob;
 }
@@ -13129,10 +13248,11 @@ void Context::seq_restore(int seq, const std::vector<uint8_t>& blob) {
     if (KVCache::blocks_for(n) > (int)kv.free_blocks.size()) fail("seq_restore: KV cache is full");
     kv.reserve(seq, n);
     const uint8_t* p = blob.data() + sizeof n;
-    for (int il = 0; il < kv.n_layer; il++) {
+    for (int il = 0; il < (int)kv.k.size(); il++) {
         for (int pos = 0; pos < n; pos++, p += kv.row_k) memcpy(kv.k_row(il, seq, pos), p, kv.row_k);
         for (int pos = 0; pos < n && kv.row_v; pos++, p += kv.row_v) memcpy(kv.v_row(il, seq, pos), p, kv.row_v);
     }
+    if (impl_->device) impl_->device->write_cells(impl_->seq_cells(seq, n), p);
     kv.seq_len[seq] = n;
 }
 void Context::seq_copy(int src, int dst, int n) {

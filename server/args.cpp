@@ -96,6 +96,14 @@ const char* kNoMedia = "no multimodal input in this build (ignored)";
 const char* kThreadsOwn = "the engine runs its own thread pool of -t threads (ignored)";
 const char* kLater = "accepted; this build's sampler does not have it yet (ignored)";
 
+#ifdef LLM_OFFLOAD
+// -ngl N | all | auto (llama.cpp's spellings; all and auto offload everything).
+void set_gpu_layers(Options& o, const Arg& a) {
+    o.n_gpu_layers = a.value == "all" || a.value == "auto" ? -1 : a.to_int();
+    if (o.n_gpu_layers < -1) usage_error(a.flag + " must be a layer count, all or auto");
+}
+#endif
+
 std::vector<int32_t> parse_ids(const Arg& a) {
     std::vector<int32_t> ids;
     std::stringstream ss(a.value);
@@ -272,7 +280,12 @@ const std::vector<Flag>& flags() {
         {{"-ot", "--override-tensor"}, {}, "LLAMA_ARG_OVERRIDE_TENSOR", "<pattern>=<buffer type>,...", G::Common, "override tensor buffer type", note(kCpuOnly)},
         {{"-cmoe", "--cpu-moe"}, {}, "LLAMA_ARG_CPU_MOE", nullptr, G::Common, "keep MoE weights in the CPU", note(kCpuOnly)},
         {{"-ncmoe", "--n-cpu-moe"}, {}, "LLAMA_ARG_N_CPU_MOE", "N", G::Common, "keep the MoE weights of N layers in the CPU", note(kCpuOnly)},
+#ifdef LLM_OFFLOAD
+        {{"-ngl", "--gpu-layers", "--n-gpu-layers"}, {}, "LLAMA_ARG_N_GPU_LAYERS", "N", G::Common,
+         "layers to store in VRAM: the last N repeating layers, the output too when N > layers (all, auto: everything)", set_gpu_layers},
+#else
         {{"-ngl", "--gpu-layers", "--n-gpu-layers"}, {}, "LLAMA_ARG_N_GPU_LAYERS", "N", G::Common, "layers to store in VRAM", note(kCpuOnly)},
+#endif
         {{"-sm", "--split-mode"}, {}, "LLAMA_ARG_SPLIT_MODE", "{none,layer,row}", G::Common, "how to split across GPUs", note(kCpuOnly)},
         {{"-ts", "--tensor-split"}, {}, "LLAMA_ARG_TENSOR_SPLIT", "N0,N1,...", G::Common, "fraction of the model per GPU", note(kCpuOnly)},
         {{"-mg", "--main-gpu"}, {}, "LLAMA_ARG_MAIN_GPU", "INDEX", G::Common, "the GPU to use", note(kCpuOnly)},
@@ -693,6 +706,7 @@ llm::ModelOptions model_options(const Options& o) {
     mo.use_mmap = o.use_mmap;
     mo.mlock = o.mlock;
     mo.interleave = o.repack;
+    mo.n_gpu_layers = o.n_gpu_layers;
     return mo;
 }
 

@@ -1,0 +1,29 @@
+// params.h - the parameter blocks kernels take by value, shared with the host code that fills them
+// (plain C++: the host side includes it without CUDA).
+#pragma once
+
+// RoPE (rope_cache): YaRN is on when ext_factor != 0; freq_factors divide theta (nullptr: none).
+struct RopeParams {
+    int n_rot;
+    float base, freq_scale, attn_factor;
+    float ext_factor, beta_fast, beta_slow;
+    int n_ctx_orig;
+    const float* freq_factors;
+};
+
+// Fused attention (flash_attn_f16).
+struct AttnParams {
+    int n_tokens, n_head, n_head_kv, head_dim_k, head_dim_v;
+    int k_row, v_row;  // f16 values per cache cell
+    float scale;       // multiplies q.k
+    int n_swa;         // sliding window in tokens, 0: none
+    int pages_per_seq, page_size;
+};
+
+// Launch geometry the host and the kernels agree on.
+constexpr int kMatvecThreads = 256;    // 8 warps
+constexpr int kMatvecRowsPerWarp = 4;  // and one reduction for the 4
+constexpr int kMatvecRowsPerBlock = kMatvecThreads / 32 * kMatvecRowsPerWarp;
+constexpr int kTile = 32, kMatmulThreads = 256;  // matmul: 32 x 32 output tiles
+constexpr int kAttnThreads = 128;                // attention: 4 (token, head) pairs per block
+constexpr int kAttnMaxHeadDim = 256;

@@ -1,0 +1,100 @@
+// The golden-logits cases of ../shared/golden and how they are compared (see its README): shared by
+// the CPU tests (test_golden.cpp) and the GPU backend's on the emulator (test_cuda_golden.cpp).
+#pragma once
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <stdexcept>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "../llm.hpp"
+#include "util.hpp"
+
+namespace golden {
+
+struct GoldenCase {
+    std::string name, model, kv;  // logits base name, model file, KV type
+    bool fa = false;
+};
+
+inline std::vector<GoldenCase> golden_cases() {
+    std::vector<GoldenCase> cases;
+    for (const std::string& f : testutil::list_dir(testutil::shared_dir() + "/golden/logits", ".json")) {
+        GoldenCase c;
+        c.name = f.substr(0, f.size() - 5);
+        std::string s = c.name;
+        if (s.size() > 3 && s.compare(s.size() - 3, 3, "-fa") == 0) {
+            c.fa = true;
+            s.resize(s.size() - 3);
+        }
+        size_t k = s.rfind("-kv");
+        c.model = s.substr(0, k) + ".gguf";
+        c.kv = s.substr(k + 3);
+        cases.push_back(c);
+    }
+    return cases;
+}
+
+inline std::vector<int32_t> json_tokens(const std::string& js) {
+    size_t p = js.find('[', js.find("\"tokens\"")), e = js.find(']', p);
+    std::vector<int32_t> t;
+    std::stringstream ss(js.substr(p + 1, e - p - 1));
+    std::string x;
+    while (std::getline(ss, x, ',')) t.push_back(std::stoi(x));
+    return t;
+}
+
+inline std::vector<float> run_model(const llm::Model& m, const std::vector<int32_t>& toks, llm::Type kv, int chunk) {
+    llm::ContextParams cp;
+    cp.n_ctx = 256;
+    cp.type_k = cp.type_v = kv;
+    cp.n_threads = 2;
+    llm::Context ctx(m, cp);
+    std::vector<float> out;
+    for (size_t b = 0; b < toks.size(); b += chunk) {
+        llm::Batch batch;
+        for (size_t i = b; i < std::min(toks.size(), b + chunk); i++) batch.add(toks[i], (int)i, 0, true);
+        ctx.decode(batch);
+        for (int i = 0; i < ctx.n_logits(); i++) out.insert(out.end(), ctx.logits(i), ctx.logits(i) + m.hp.n_vocab);
+    }
+    return out;
+}
+
+struct Agreement {
+    double mean_kl = 0, max_kl = 0, top1 = 0;
+};
+
+// KL(reference || ours) per position over log-softmax distributions, and top-1 agreement.
+inline Agreement compare(const std::vector<float>& ref, const std::vector<float>& ours, int n_vocab) {
+    Agreement a;
+    const size_t n = ref.size() / n_vocab;
+    for (size_t i = 0; i < n; i++) {
+        const float* r = &ref[i * n_vocab];
+        const float* y = &ours[i * n_vocab];
+        auto logsumexp = [&](const float* v) {
+            double mx = *std::max_element(v, v + n_vocab), s = 0;
+            for (int j = 0; j < n_vocab; j++) s += std::exp(v[j] - mx);
+            return mx + std::log(s);
+        };
+        double lr = logsumexp(r), ly = logsumexp(y), kl = 0;
+        for (int j = 0; j < n_vocab; j++) kl += std::exp(r[j] - lr) * ((r[j] - lr) - (y[j] - ly));
+        a.mean_kl += kl / n;
+        a.max_kl = std::max(a.max_kl, kl);
+        a.top1 += (std::max_element(r, r + n_vocab) - r == std::max_element(y, y + n_vocab) - y) / (double)n;
+    }
+    return a;
+}
+
+
+// The reference's logits of a case (n_tokens x n_vocab).
+inline std::vector<float> reference_logits(const GoldenCase& c, size_t n_values) {
+    const std::string raw = testutil::read_file(testutil::shared_dir() + "/golden/logits/" + c.name + ".logits.f32");
+    if (raw.size() != n_values * sizeof(float)) throw std::runtime_error("golden: " + c.name + " has " + std::to_string(raw.size()) + " bytes of logits");
+    std::vector<float> ref(n_values);
+    std::memcpy(ref.data(), raw.data(), raw.size());
+    return ref;
+}
+
+}  // namespace golden

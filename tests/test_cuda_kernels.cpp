@@ -1,0 +1,411 @@
+// The CUDA kernels (cuda/*.cuh) on the SIMT emulator (tests/simt.hpp), against the CPU engine: the
+// emulator's own semantics first (barriers, warp collectives, orders), then every kernel on random
+// inputs for every weight type.
+#include <doctest/doctest.h>
+
+#include "simt.hpp"
+#include "../cuda/matvec.cuh"
+#include "../cuda/matmul.cuh"
+#include "../cuda/ops.cuh"
+#include "../cuda/attention.cuh"
+#include "../llm.hpp"
+
+#include <chrono>
+#include <cmath>
+#include <random>
+#include <vector>
+
+namespace {
+
+const simt::Order kOrders[] = {simt::Order::Forward, simt::Order::Reverse, simt::Order::Shuffle};
+
+std::vector<float> random_floats(size_t n, uint64_t seed, float scale = 1.0f) {
+    std::mt19937_64 rng(seed);
+    std::normal_distribution<float> dist(0.0f, scale);
+    std::vector<float> v(n);
+    for (float& x : v) x = dist(rng);
+    return v;
+}
+
+// Each block spreads its first 128 values out (out[i] = in[i / 2]) through shared memory;
+// `with_barrier` false leaves out the __syncthreads between the writes and the reads.
+void spread_kernel(const float* in, float* out, bool with_barrier) {
+    __shared__ float tile[256];
+    const int i = threadIdx.x, base = blockIdx.x * 256;
+    tile[i] = in[base + i];
+    if (with_barrier) __syncthreads();
+    out[base + i] = tile[i / 2];
+}
+
+// Every collective's result written per lane: shfl from lane 3, xor 5, down 7, up 2 (width 16), ballot
+// of odd lanes, any/all over the lower half (lanes 16..31 use their own half's mask).
+void collectives_kernel(int* out) {
+    const int lane = threadIdx.x % 32;
+    int* o = out + threadIdx.x * 7;
+    o[0] = __shfl_sync(kFullMask, lane * 10, 3);
+    o[1] = __shfl_xor_sync(kFullMask, lane * 10, 5);
+    o[2] = __shfl_down_sync(kFullMask, lane * 10, 7);
+    o[3] = __shfl_up_sync(kFullMask, lane * 10, 2, 16);
+    o[4] = int(__ballot_sync(kFullMask, lane % 2));
+    const unsigned half = lane < 16 ? 0x0000ffffu : 0xffff0000u;
+    o[5] = __any_sync(half, lane == 20);
+    o[6] = __all_sync(half, lane < 16);
+}
+
+void missing_lane_kernel(int* out) {
+    if (threadIdx.x == 5) return;  // lane 5 exits; the others wait for it in the full mask
+    out[threadIdx.x] = __shfl_sync(kFullMask, 1, 0);
+}
+
+} // namespace
+
+TEST_CASE("simt: a missing __syncthreads changes results under some thread order") {
+    const int n_blocks = 4;
+    for (bool with_barrier : {true, false}) {
+        const std::vector<float> in = random_floats(256 * n_blocks, with_barrier);  // not what the tiles hold from before
+        int wrong_orders = 0;
+        for (simt::Order order : kOrders) {
+            std::vector<float> out(in.size(), 0.0f);
+            simt::launch_ordered(order, 7, dim3(n_blocks), dim3(256), spread_kernel, in.data(), out.data(), with_barrier);
+            bool right = true;
+            for (int b = 0; b < n_blocks; b++)
+                for (int i = 0; i < 256; i++) right &= out[b * 256 + i] == in[b * 256 + i / 2];
+            wrong_orders += !right;
+        }
+        CHECK(wrong_orders == (with_barrier ? 0 : 2));  // thread order alone makes it work forward
+    }
+}
+
+TEST_CASE("simt: warp collectives return what CUDA defines") {
+    for (simt::Order order : kOrders) {
+        std::vector<int> out(64 * 7, -1);
+        simt::launch_ordered(order, 3, dim3(1), dim3(64), collectives_kernel, out.data());
+        for (int t = 0; t < 64; t++) {
+            const int lane = t % 32;
+            const int* o = &out[t * 7];
+            CHECK(o[0] == 30);
+            CHECK(o[1] == (lane ^ 5) * 10);
+            CHECK(o[2] == (lane + 7 < 32 ? lane + 7 : lane) * 10);
+            CHECK(o[3] == (lane % 16 >= 2 ? lane - 2 : lane) * 10);
+            CHECK(unsigned(o[4]) == 0xaaaaaaaau);
+            CHECK(o[5] == (lane >= 16 ? 1 : 0));
+            CHECK(o[6] == (lane < 16 ? 1 : 0));
+        }
+    }
+}
+
+TEST_CASE("simt: a collective waiting for an exited lane is reported, not hung") {
+    std::vector<int> out(32, 0);
+    CHECK_THROWS_AS(simt::launch(dim3(1), dim3(32), missing_lane_kernel, out.data()), simt::Error);
+}
+
+TEST_CASE("simt: __dp4a and __half conversions") {
+    CHECK(__dp4a(int(0x7f80ff01u), int(0x0102fe03u), 5) == 5 + 1 * 3 + (-1) * (-2) + (-128) * 2 + 127 * 1);
+    std::mt19937 rng(5);
+    for (int i = 0; i < 20000; i++) {
+        const uint16_t bits = uint16_t(rng());
+        if ((bits & 0x7c00) == 0x7c00) continue;  // inf / nan
+        const float f = __half2float(__ushort_as_half(bits));
+        CHECK(__half_as_ushort(__float2half(f)) == bits);
+        const float g = f * (1.0f + 1.0f / 4096);  // between two halves: rounds to the nearer
+        CHECK(std::fabs(__half2float(__float2half(g)) - g) <= std::fabs(f - g) + 1e-30f);
+    }
+    CHECK(__half_as_ushort(__float2half(65520.0f)) == 0x7c00);  // rounds to infinity
+    CHECK(__half_as_ushort(__float2half(1.0f + 1.0f / 2048)) == 0x3c00);  // a tie to even
+}
+
+TEST_CASE("simt: 4096x4096 f32 matvec, 256-thread blocks (timing)") {
+    const int k = 4096, rows = 4096;
+    const std::vector<float> W = random_floats(size_t(k) * rows, 2), x = random_floats(k, 3);
+    std::vector<float> y(rows);
+    const auto t0 = std::chrono::steady_clock::now();
+    simt::launch(dim3(rows / kMatvecRowsPerBlock), dim3(kMatvecThreads), matvec_f32, (const uint8_t*)W.data(), size_t(k) * 4, x.data(), y.data(), k, rows);
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    MESSAGE("4096x4096 f32 matvec on the emulator: " << seconds << " s with " << simt::worker_count() << " workers");
+    for (int r = 0; r < rows; r += 511) {
+        double ref = 0;
+        for (int i = 0; i < k; i++) ref += double(W[size_t(r) * k + i]) * x[i];
+        CHECK(y[r] == doctest::Approx(ref).epsilon(1e-4));
+    }
+}
+
+namespace {
+
+using MatvecKernel = void (*)(const uint8_t*, size_t, const float*, float*, int, int);
+using MatvecDp4aKernel = void (*)(const uint8_t*, size_t, const BlockQ8_1*, float*, int, int);
+using MatmulKernel = void (*)(const uint8_t*, size_t, const float*, float*, int, int, int);
+using GetRowsKernel = void (*)(const uint8_t*, size_t, const int*, float*, int, float);
+
+// Each weight type's kernels (dp4a: nullptr where the type has no integer path).
+struct WeightKernels {
+    llm::Type type;
+    MatvecKernel matvec;
+    MatvecDp4aKernel dp4a;
+    MatmulKernel matmul;
+    GetRowsKernel get_rows;
+};
+#define KERNELS_OF(name) matvec_##name, nullptr, matmul_##name, get_rows_##name
+#define KERNELS_OF_DP4A(name) matvec_##name, matvec_q8_1_##name, matmul_##name, get_rows_##name
+const WeightKernels kWeightKernels[] = {
+    {llm::Type::F32, KERNELS_OF(f32)},   {llm::Type::F16, KERNELS_OF(f16)},   {llm::Type::BF16, KERNELS_OF(bf16)},
+    {llm::Type::Q4_0, KERNELS_OF_DP4A(q4_0)}, {llm::Type::Q4_1, KERNELS_OF_DP4A(q4_1)}, {llm::Type::Q5_0, KERNELS_OF_DP4A(q5_0)},
+    {llm::Type::Q5_1, KERNELS_OF_DP4A(q5_1)}, {llm::Type::Q8_0, KERNELS_OF_DP4A(q8_0)}, {llm::Type::IQ4_NL, KERNELS_OF_DP4A(iq4_nl)},
+    {llm::Type::Q2_K, KERNELS_OF(q2_K)}, {llm::Type::Q3_K, KERNELS_OF(q3_K)}, {llm::Type::Q4_K, KERNELS_OF(q4_K)},
+    {llm::Type::Q5_K, KERNELS_OF(q5_K)}, {llm::Type::Q6_K, KERNELS_OF(q6_K)},
+};
+#undef KERNELS_OF
+#undef KERNELS_OF_DP4A
+
+// A random rows x k weight matrix in type t, as a model file stores it.
+std::vector<uint8_t> random_weights(llm::Type t, int rows, int k, uint64_t seed) {
+    const std::vector<float> w = random_floats(size_t(rows) * k, seed, 0.05f);
+    const size_t row_bytes = llm::row_bytes(t, k);
+    std::vector<uint8_t> out(row_bytes * rows);
+    for (int r = 0; r < rows; r++) llm::quantize_row_weights(t, &w[size_t(r) * k], &out[r * row_bytes], k);
+    return out;
+}
+
+// Row r of W dequantized by the CPU engine.
+std::vector<float> cpu_row(llm::Type t, const std::vector<uint8_t>& W, int k, int r) {
+    std::vector<float> row(k);
+    llm::dequantize_row(t, &W[r * llm::row_bytes(t, k)], row.data(), k);
+    return row;
+}
+
+// |got - want| within `rel` of the sum of the magnitudes of the products (the scale of the rounding).
+void check_dot(float got, double want, double magnitude, double rel) {
+    CHECK(std::fabs(got - want) <= rel * magnitude + 1e-30);
+}
+
+} // namespace
+
+TEST_CASE("cuda kernels: matvec (3 tokens) of every weight type with f32 activations vs the CPU's dequantization") {
+    const int k = 512, rows = 40, n_tokens = 3;  // the last block has idle warps
+    const std::vector<float> x = random_floats(size_t(n_tokens) * k, 11);
+    for (const WeightKernels& wk : kWeightKernels) {
+        CAPTURE(std::string(llm::type_info(wk.type).name));
+        const std::vector<uint8_t> W = random_weights(wk.type, rows, k, 12);
+        std::vector<float> y(size_t(n_tokens) * rows, NAN);
+        simt::launch(dim3((rows + kMatvecRowsPerBlock - 1) / kMatvecRowsPerBlock, n_tokens), dim3(kMatvecThreads), wk.matvec, W.data(),
+                     llm::row_bytes(wk.type, k), x.data(), y.data(), k, rows);
+        for (int t = 0; t < n_tokens; t++)
+            for (int r = 0; r < rows; r++) {
+                const std::vector<float> w = cpu_row(wk.type, W, k, r);
+                double want = 0, magnitude = 0;
+                for (int i = 0; i < k; i++) want += double(w[i]) * x[t * k + i], magnitude += std::fabs(double(w[i]) * x[t * k + i]);
+                check_dot(y[t * rows + r], want, magnitude, 1e-5);
+            }
+    }
+}
+
+TEST_CASE("cuda kernels: q8_1 activations bit-exact with the CPU's, dp4a matvec vs the CPU's vec_dot") {
+    const int k = 1024, rows = 24;
+    std::vector<float> x = random_floats(k, 21);
+    for (int i = 64; i < 96; i++) x[i] = 0.0f;  // an all-zero block
+    std::vector<BlockQ8_1> act(k / 32);
+    simt::launch(dim3(k / 32 / 8), dim3(256), quantize_q8_1, x.data(), act.data(), k);
+    std::vector<uint8_t> cpu_act(llm::row_bytes(llm::Type::Q8_1, k));
+    llm::quantize_row(llm::Type::Q8_1, x.data(), cpu_act.data(), k);
+    CHECK(std::memcmp(act.data(), cpu_act.data(), cpu_act.size()) == 0);
+    // The same quants as q8_0 blocks (d, qs) for the types whose CPU dot product takes q8_0.
+    std::vector<uint8_t> cpu_act_q8_0(llm::row_bytes(llm::Type::Q8_0, k));
+    for (int b = 0; b < k / 32; b++) {
+        std::memcpy(&cpu_act_q8_0[b * 34], &act[b].d, 2);
+        std::memcpy(&cpu_act_q8_0[b * 34 + 2], act[b].qs, 32);
+    }
+    for (const WeightKernels& wk : kWeightKernels) {
+        if (!wk.dp4a) continue;
+        CAPTURE(std::string(llm::type_info(wk.type).name));
+        const std::vector<uint8_t> W = random_weights(wk.type, rows, k, 22);
+        const size_t row_bytes = llm::row_bytes(wk.type, k);
+        std::vector<float> y(rows, NAN);
+        simt::launch(dim3((rows + kMatvecRowsPerBlock - 1) / kMatvecRowsPerBlock), dim3(kMatvecThreads), wk.dp4a, W.data(), row_bytes, act.data(), y.data(), k, rows);
+        const bool takes_q8_1 = llm::vec_dot_type(wk.type) == llm::Type::Q8_1;
+        for (int r = 0; r < rows; r++) {
+            const float want = llm::vec_dot(wk.type, k, &W[r * row_bytes], takes_q8_1 ? cpu_act.data() : cpu_act_q8_0.data());
+            const std::vector<float> w = cpu_row(wk.type, W, k, r);
+            double magnitude = 0;
+            for (int i = 0; i < k; i++) magnitude += std::fabs(double(w[i]) * x[i]);
+            check_dot(y[r], want, magnitude, 1e-5);
+        }
+    }
+}
+
+TEST_CASE("cuda kernels: tiled matmul (prefill) of every weight type vs the CPU's dequantization, every thread order") {
+    const int k = 256, rows = 40, n_tokens = 37;  // partial tiles in both directions
+    const std::vector<float> X = random_floats(size_t(n_tokens) * k, 31);
+    for (const WeightKernels& wk : kWeightKernels) {
+        CAPTURE(std::string(llm::type_info(wk.type).name));
+        const std::vector<uint8_t> W = random_weights(wk.type, rows, k, 32);
+        std::vector<std::vector<float>> w_rows;
+        for (int r = 0; r < rows; r++) w_rows.push_back(cpu_row(wk.type, W, k, r));
+        for (simt::Order order : kOrders) {
+            std::vector<float> Y(size_t(n_tokens) * rows, NAN);
+            simt::launch_ordered(order, 9, dim3((rows + kTile - 1) / kTile, (n_tokens + kTile - 1) / kTile), dim3(kMatmulThreads), wk.matmul,
+                                 W.data(), llm::row_bytes(wk.type, k), X.data(), Y.data(), k, rows, n_tokens);
+            for (int t = 0; t < n_tokens; t++)
+                for (int r = 0; r < rows; r++) {
+                    double want = 0, magnitude = 0;
+                    for (int i = 0; i < k; i++) {
+                        const double p = double(w_rows[r][i]) * X[size_t(t) * k + i];
+                        want += p, magnitude += std::fabs(p);
+                    }
+                    check_dot(Y[size_t(t) * rows + r], want, magnitude, 1e-5);
+                }
+        }
+    }
+}
+
+TEST_CASE("cuda kernels: embedding lookup of every type equals the CPU's dequantized rows, scaled") {
+    const int dim = 512, n_rows = 6;
+    const int ids[] = {5, 0, 3, 3};
+    for (const WeightKernels& wk : kWeightKernels) {
+        CAPTURE(std::string(llm::type_info(wk.type).name));
+        const std::vector<uint8_t> table = random_weights(wk.type, n_rows, dim, 41);
+        std::vector<float> out(4 * dim, NAN);
+        simt::launch(dim3(4), dim3(kRowThreads), wk.get_rows, table.data(), llm::row_bytes(wk.type, dim), ids, out.data(), dim, 2.5f);
+        for (int i = 0; i < 4; i++) {
+            const std::vector<float> want = cpu_row(wk.type, table, dim, ids[i]);
+            for (int j = 0; j < dim; j++) CHECK(out[i * dim + j] == want[j] * 2.5f);
+        }
+    }
+}
+
+TEST_CASE("cuda kernels: RMSNorm (strided rows, in place) vs the CPU's formula") {
+    const int dim = 300, stride = 320, n = 5;
+    std::vector<float> x = random_floats(size_t(n) * stride, 51, 3.0f);
+    const std::vector<float> w = random_floats(dim, 52), original = x;
+    for (simt::Order order : kOrders) {
+        x = original;
+        simt::launch_ordered(order, 4, dim3(n), dim3(kRowThreads), rms_norm, x.data(), w.data(), x.data(), dim, stride, 1e-6f);
+        for (int i = 0; i < n; i++) {
+            const float* r = &original[size_t(i) * stride];
+            double sum = 0;
+            for (int j = 0; j < dim; j++) sum += double(r[j]) * r[j];
+            const float scale = 1.0f / std::sqrt(float(sum / dim) + 1e-6f);
+            for (int j = 0; j < dim; j++) CHECK(x[size_t(i) * stride + j] == doctest::Approx(r[j] * scale * w[j]).epsilon(1e-5));
+            for (int j = dim; j < stride; j++) CHECK(x[size_t(i) * stride + j] == r[j]);  // between rows: untouched
+        }
+    }
+}
+
+namespace {
+// The CPU's rope_angles and rope (llm.hpp section 15), for one token and head.
+void rope_reference(float* r, int pos, const RopeParams& p, bool neox) {
+    const float theta_scale = std::pow(p.base, -2.0f / p.n_rot);
+    float corr[2] = {0, 0};
+    if (p.ext_factor != 0.0f) {
+        auto corr_dim = [&](float beta) { return p.n_rot * std::log(p.n_ctx_orig / (beta * 2 * 3.14159265358979323846f)) / (2 * std::log(p.base)); };
+        corr[0] = std::max(0.0f, std::floor(corr_dim(p.beta_fast)));
+        corr[1] = std::min(float(p.n_rot - 1), std::ceil(corr_dim(p.beta_slow)));
+    }
+    float theta = float(pos);
+    for (int i0 = 0; i0 < p.n_rot; i0 += 2) {
+        const float extrap = theta / (p.freq_factors ? p.freq_factors[i0 / 2] : 1.0f), interp = p.freq_scale * extrap;
+        float t = interp, mscale = p.attn_factor;
+        if (p.ext_factor != 0.0f) {
+            const float y = (i0 / 2 - corr[0]) / std::max(0.001f, corr[1] - corr[0]);
+            const float mix = (1 - std::min(1.0f, std::max(0.0f, y))) * p.ext_factor;
+            t = interp * (1 - mix) + extrap * mix;
+            mscale *= 1.0f + 0.1f * std::log(1.0f / p.freq_scale);
+        }
+        const float c = std::cos(t) * mscale, s = std::sin(t) * mscale;
+        const int a = neox ? i0 / 2 : i0, b = neox ? i0 / 2 + p.n_rot / 2 : i0 + 1;
+        const float x0 = r[a], x1 = r[b];
+        r[a] = x0 * c - x1 * s;
+        r[b] = x0 * s + x1 * c;
+        theta *= theta_scale;
+    }
+}
+} // namespace
+
+TEST_CASE("cuda kernels: RoPE normal / NeoX, partial rotation, frequency factors and YaRN vs the CPU's") {
+    const int n_tokens = 5, n_heads = 3, head_dim = 64, n_rot = 32, offset = 16;
+    const int pos[n_tokens] = {0, 1, 7, 300, 4095};
+    std::vector<float> factors(n_rot / 2);
+    for (int i = 0; i < n_rot / 2; i++) factors[i] = 1.0f + 0.25f * i;
+    const RopeParams plain{n_rot, 10000.f, 1.0f, 1.0f, 0.0f, 32.f, 1.f, 0, nullptr};
+    const RopeParams yarn{n_rot, 1000000.f, 0.25f, 1.0f, 1.0f, 32.f, 1.f, 4096, nullptr};
+    const RopeParams with_factors{n_rot, 500000.f, 1.0f, 1.0f, 0.0f, 32.f, 1.f, 0, factors.data()};
+    for (const RopeParams& p : {plain, yarn, with_factors}) {
+        for (int neox : {0, 1}) {
+            std::vector<float> x = random_floats(size_t(n_tokens) * n_heads * head_dim, 61), want = x;
+            std::vector<float> cs(size_t(n_tokens) * n_rot);
+            simt::launch(dim3(1), dim3(32), rope_cache, pos, cs.data(), n_tokens, p);
+            simt::launch(dim3(n_tokens), dim3(64), rope, x.data(), (const float*)cs.data(), n_heads, head_dim, offset, n_rot, neox);
+            for (int t = 0; t < n_tokens; t++)
+                for (int h = 0; h < n_heads; h++) rope_reference(&want[(size_t(t) * n_heads + h) * head_dim + offset], pos[t], p, neox);
+            for (size_t i = 0; i < x.size(); i++) CHECK(x[i] == doctest::Approx(want[i]).epsilon(1e-5).scale(1.0));
+        }
+    }
+}
+
+TEST_CASE("cuda kernels: SiLU / GELU gating, residual add with a period, scale, softmax") {
+    const long long n = 3000;
+    const std::vector<float> gate = random_floats(n, 71, 4.0f), up = random_floats(n, 72);
+    std::vector<float> silu_out = gate, gelu_out = gate;
+    simt::launch(dim3(4), dim3(256), silu_mul, silu_out.data(), up.data(), n);
+    simt::launch(dim3(4), dim3(256), gelu_mul, gelu_out.data(), up.data(), n);
+    auto f16 = [](float v) { return __half2float(__float2half(v)); };
+    for (long long i = 0; i < n; i++) {
+        const float g = gate[i];
+        CHECK(silu_out[i] == doctest::Approx(g / (1.0f + std::exp(-g)) * up[i]).epsilon(1e-6));
+        const float gh = f16(g);
+        const float gelu = g <= -10.0f ? 0.0f : g >= 10.0f ? g : f16(0.5f * gh * (1.0f + std::tanh(0.79788456080286535588f * gh * (1.0f + 0.044715f * gh * gh))));
+        CHECK(gelu_out[i] == doctest::Approx(gelu * up[i]).epsilon(1e-6));
+    }
+    std::vector<float> x = gate;
+    const std::vector<float> bias = random_floats(100, 73);
+    simt::launch(dim3(3), dim3(128), add, x.data(), bias.data(), n, 100LL);
+    for (long long i = 0; i < n; i++) CHECK(x[i] == gate[i] + bias[i % 100]);
+    simt::launch(dim3(2), dim3(64), scale, x.data(), 0.5f, n);
+    for (long long i = 0; i < n; i++) CHECK(x[i] == (gate[i] + bias[i % 100]) * 0.5f);
+    const int rows = 3, cols = 1000;
+    std::vector<float> s = random_floats(rows * cols, 74, 5.0f), before = s;
+    simt::launch(dim3(rows), dim3(kRowThreads), softmax, s.data(), cols, 0.7f);
+    for (int r = 0; r < rows; r++) {
+        double m = -1e30, sum = 0;
+        for (int j = 0; j < cols; j++) m = std::max(m, 0.7 * before[r * cols + j]);
+        for (int j = 0; j < cols; j++) sum += std::exp(0.7 * before[r * cols + j] - m);
+        for (int j = 0; j < cols; j++) CHECK(s[r * cols + j] == doctest::Approx(std::exp(0.7 * before[r * cols + j] - m) / sum).epsilon(1e-5));
+    }
+}
+
+TEST_CASE("cuda kernels: fused attention over an f16 cache (GQA, causal, sliding window) vs softmax then sum") {
+    const int n_head = 8, n_head_kv = 2, head_dim = 64, n_cells = 48, page = 16;
+    const int pos[] = {0, 13, 38, 39};
+    const int seq[] = {0, 0, 0, 0};
+    const int page_cells[] = {32, 0, 16};  // the sequence's pages out of order in the pool
+    auto cell_of = [&](int c) { return page_cells[c / page] + c % page; };
+    const int n_tokens = 4;
+    const std::vector<float> q = random_floats(size_t(n_tokens) * n_head * head_dim, 81);
+    const std::vector<float> kf = random_floats(size_t(n_cells) * n_head_kv * head_dim, 82), vf = random_floats(kf.size(), 83);
+    std::vector<uint16_t> k_cache(kf.size()), v_cache(vf.size());
+    for (size_t i = 0; i < kf.size(); i++) k_cache[i] = __half_as_ushort(__float2half(kf[i])), v_cache[i] = __half_as_ushort(__float2half(vf[i]));
+    auto h2f = [](uint16_t b) { return double(__half2float(__ushort_as_half(b))); };
+    for (int n_swa : {0, 10}) {
+        const AttnParams p{n_tokens, n_head, n_head_kv, head_dim, head_dim, n_head_kv * head_dim, n_head_kv * head_dim, 0.125f, n_swa, 3, page};
+        std::vector<float> out(size_t(n_tokens) * n_head * head_dim, NAN);
+        simt::launch(dim3((n_tokens * n_head + kAttnThreads / 32 - 1) / (kAttnThreads / 32)), dim3(kAttnThreads), flash_attn_f16, q.data(), (const uint16_t*)k_cache.data(),
+                     (const uint16_t*)v_cache.data(), pos, seq, page_cells, out.data(), p);
+        for (int t = 0; t < n_tokens; t++)
+            for (int h = 0; h < n_head; h++) {
+                const int hk = h / (n_head / n_head_kv), lo = n_swa ? std::max(0, pos[t] - n_swa + 1) : 0;
+                std::vector<double> score;
+                double m = -1e30, sum = 0;
+                for (int c = lo; c <= pos[t]; c++) {
+                    double d = 0;
+                    for (int i = 0; i < head_dim; i++)
+                        d += double(__half2float(__float2half(q[(size_t(t) * n_head + h) * head_dim + i]))) * h2f(k_cache[(size_t(cell_of(c)) * n_head_kv + hk) * head_dim + i]);
+                    score.push_back(d * 0.125);
+                    m = std::max(m, d * 0.125);
+                }
+                for (double& s : score) sum += (s = std::exp(s - m));
+                for (int i = 0; i < head_dim; i++) {
+                    double want = 0;
+                    for (int c = lo; c <= pos[t]; c++) want += score[c - lo] / sum * h2f(v_cache[(size_t(cell_of(c)) * n_head_kv + hk) * head_dim + i]);
+                    CHECK(out[(size_t(t) * n_head + h) * head_dim + i] == doctest::Approx(want).epsilon(1e-5).scale(1.0));
+                }
+            }
+    }
+}
