@@ -92,7 +92,7 @@ struct Limits {
 };
 
 // ---------------------------------------------------------------------------------------------------
-// Small text helpers (public: server.cpp uses them too).
+// Small text helpers (public: llm-server uses them too).
 
 namespace detail {
 
