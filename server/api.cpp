@@ -7,7 +7,9 @@
 #include <functional>
 #include <random>
 
+#include "dialects.hpp"
 #include "util.hpp"
+#include "webui_html.hpp"
 
 namespace srv {
 
@@ -125,6 +127,16 @@ std::string random_id(const char* prefix) {
 
 std::string sse(const json& j) { return "data: " + dump(j) + "\n\n"; }
 
+// Requests given as chat messages (rendered with the chat template), in whichever dialect.
+bool is_chat(ApiKind k) { return k == ApiKind::OaiChat || k == ApiKind::Anthropic || k == ApiKind::Responses; }
+// Requests answered in llama.cpp's own /completion shape.
+bool is_native(ApiKind k) { return k == ApiKind::Completion || k == ApiKind::Infill; }
+
+// The id of an answer: chatcmpl-..., msg_... (Anthropic), resp_... (Responses) or cmpl-....
+std::string answer_id(ApiKind k) {
+    return random_id(k == ApiKind::OaiChat ? "chatcmpl-" : k == ApiKind::Anthropic ? "msg_" : k == ApiKind::Responses ? "resp_" : "cmpl-");
+}
+
 }  // namespace
 
 Api::Api(const Options& o) : o_(o), created_((int64_t)time(nullptr)) {}
@@ -157,7 +169,7 @@ TaskParams Api::parse_params(const json& b, ApiKind kind) const {
     p.n_predict = o_.n_predict;
     p.n_keep = o_.srv.n_keep;
     p.stream = get_bool(b, "stream", false);
-    if (kind != ApiKind::Completion) {
+    if (!is_native(kind)) {
         p.n_predict = (int)get_int(b, "max_tokens", p.n_predict, -1, INT32_MAX);
         p.n_predict = (int)get_int(b, "max_completion_tokens", p.n_predict, -1, INT32_MAX);
         if (get_int(b, "n", 1, 1, INT32_MAX) != 1) throw ApiError(400, "only n = 1 is supported");
@@ -201,6 +213,95 @@ std::vector<int32_t> Api::tokenize_prompt(const std::string& text) const {
     // A template that writes bos_token itself, tokenized with the model's own BOS: keep one.
     if (ids.size() >= 2 && v.bos() >= 0 && ids[0] == v.bos() && ids[1] == v.bos()) ids.erase(ids.begin());
     return ids;
+}
+
+// A string, or an array of token ids and strings, as plain text (control tokens are not parsed, no
+// BOS): how /infill reads input_prefix and input_suffix.
+std::vector<int32_t> Api::tokenize_mixed(const json& value, const char* field) const {
+    if (value.is_string()) return model_->vocab.tokenize(value.get<std::string>(), false, false);
+    if (!value.is_array()) bad_field(field, "a string or an array of token ids and strings");
+    std::vector<int32_t> ids;
+    for (const json& x : value) {
+        if (x.is_string()) {
+            std::vector<int32_t> t = model_->vocab.tokenize(x.get<std::string>(), false, false);
+            ids.insert(ids.end(), t.begin(), t.end());
+        } else if (x.is_number_integer() && x.get<int64_t>() >= 0 && x.get<int64_t>() < n_vocab_) {
+            ids.push_back((int32_t)x.get<int64_t>());
+        } else {
+            bad_field(field, "a string or an array of token ids and strings");
+        }
+    }
+    return ids;
+}
+
+// /infill's prompt, built as llama-server builds it (format_prompt_infill), with the repo-level FIM
+// pattern:
+//   [FIM_REP]myproject\n [FIM_SEP]filename0\n extra chunk 0 ... [FIM_SEP]filename\n
+//   [FIM_PRE]prefix [FIM_SUF]suffix [FIM_MID]prompt
+// (suffix first with --spm-infill; BOS before the prefix when the model adds one). The prefix keeps its
+// last 3/4 batch of tokens, the suffix its first quarter (less the prompt), the extra chunks the end
+// of what remains of the slot after a batch and twice -n. A model without the prefix, suffix and
+// middle tokens gets llama-server's 501.
+std::vector<int32_t> Api::infill_prompt(const json& b) const {
+    const llm::Vocab& v = model_->vocab;
+    std::string missing;
+    if (v.fim_pre() < 0) missing += "prefix token is missing. ";
+    if (v.fim_suf() < 0) missing += "suffix token is missing. ";
+    if (v.fim_mid() < 0) missing += "middle token is missing. ";
+    if (!missing.empty()) throw ApiError(501, "Infill is not supported by this model: " + missing, "not_supported_error");
+    if (b.contains("prompt") && !b["prompt"].is_string()) throw ApiError(400, "\"prompt\" must be a string");
+    if (!b.contains("input_prefix")) throw ApiError(400, "\"input_prefix\" is required");
+    if (!b.contains("input_suffix")) throw ApiError(400, "\"input_suffix\" is required");
+    const json* extra = opt_field(b, "input_extra");
+    if (extra && !extra->is_array()) throw ApiError(400, "\"input_extra\" must be an array of {\"filename\": string, \"text\": string}");
+
+    auto plain = [&](const std::string& text) { return v.tokenize(text, false, false); };
+    auto append = [](std::vector<int32_t>& to, const std::vector<int32_t>& from) { to.insert(to.end(), from.begin(), from.end()); };
+    std::vector<int32_t> extra_tokens;
+    if (v.fim_rep() >= 0) {
+        extra_tokens.push_back(v.fim_rep());
+        append(extra_tokens, plain("myproject\n"));
+    }
+    for (const json& chunk : extra ? *extra : json::array()) {
+        if (!chunk.is_object() || !chunk.contains("text") || !chunk["text"].is_string()) {
+            throw ApiError(400, "extra_context chunk must contain a \"text\" field with a string value");
+        }
+        if (chunk.contains("filename") && !chunk["filename"].is_string()) {
+            throw ApiError(400, "extra_context chunk's \"filename\" field must be a string");
+        }
+        if (v.fim_sep() >= 0) {
+            extra_tokens.push_back(v.fim_sep());
+            append(extra_tokens, plain(chunk.value("filename", std::string("tmp")) + "\n"));
+        } else {
+            append(extra_tokens, plain("\n\n--- snippet ---\n\n"));
+        }
+        append(extra_tokens, plain(chunk["text"].get<std::string>()));
+    }
+    if (v.fim_sep() >= 0) {
+        extra_tokens.push_back(v.fim_sep());
+        append(extra_tokens, plain("filename\n"));
+    }
+
+    std::vector<int32_t> prefix = tokenize_mixed(b["input_prefix"], "input_prefix");
+    std::vector<int32_t> suffix = tokenize_mixed(b["input_suffix"], "input_suffix");
+    std::vector<int32_t> prompt = v.tokenize(get_str(b, "prompt", ""), false, true);
+    const int n_batch = o_.n_batch;
+    const size_t n_prefix_take = std::min<size_t>(prefix.size(), 3 * (n_batch / 4));
+    const size_t n_suffix_take = std::min<size_t>(suffix.size(), std::max<int64_t>(0, n_batch / 4 - (2 + (int64_t)prompt.size())));
+    const size_t n_extra_take = std::min<size_t>(std::max<int64_t>(0, (int64_t)n_ctx_slot_ - n_batch - 2 * (int64_t)o_.n_predict),
+                                                 extra_tokens.size());
+    prefix.erase(prefix.begin(), prefix.end() - n_prefix_take);
+    suffix.resize(n_suffix_take);
+    prefix.insert(prefix.begin(), v.fim_pre());
+    append(prefix, prompt);
+    suffix.insert(suffix.begin(), v.fim_suf());
+
+    std::vector<int32_t> first = o_.srv.spm_infill ? suffix : prefix, second = o_.srv.spm_infill ? prefix : suffix;
+    if (v.add_bos()) first.insert(first.begin(), v.bos());
+    first.insert(first.begin(), extra_tokens.end() - n_extra_take, extra_tokens.end());
+    append(first, second);
+    first.push_back(v.fim_mid());
+    return first;
 }
 
 // "prompt": a string, an array of token ids, or an array mixing strings and ids (concatenated; only the
@@ -344,11 +445,15 @@ json Api::final_completion(const Result& r, const std::string& content, const st
 
 void Api::handle_generate(const http::Request& req, http::Response& res, ApiKind kind) {
     json b = parse_body(req.body);
+    if (kind == ApiKind::Anthropic) b = anthropic_to_chat(b);
+    if (kind == ApiKind::Responses) b = responses_to_chat(b);
     check_model(b);
     TaskParams p = parse_params(b, kind);
     std::vector<int32_t> prompt;
-    if (kind == ApiKind::OaiChat) {
+    if (is_chat(kind)) {
         prompt = tokenize_prompt(render_chat(b));
+    } else if (kind == ApiKind::Infill) {
+        prompt = infill_prompt(b);
     } else {
         const json* pr = opt_field(b, "prompt");
         if (!pr) throw ApiError(400, "'prompt' is required");
@@ -367,7 +472,8 @@ void Api::handle_generate(const http::Request& req, http::Response& res, ApiKind
     }
     std::shared_ptr<Channel> ch = sched_->submit(prompt, p);
 
-    const std::string id = random_id(kind == ApiKind::OaiChat ? "chatcmpl-" : "cmpl-");
+    const std::string id = answer_id(kind);
+    const std::string message_id = random_id("msg_");  // the Responses API's output message
     const int64_t created = (int64_t)time(nullptr);
     const std::string model = model_id();
     auto finish_reason = [](const Result& r) { return r.stop_type == "limit" ? "length" : "stop"; };
@@ -395,8 +501,12 @@ void Api::handle_generate(const http::Request& req, http::Response& res, ApiKind
             if (r.kind == Result::Final) break;
         }
         json j;
-        if (kind == ApiKind::Completion) {
+        if (is_native(kind)) {
             j = final_completion(r, content, tokens, probs, p, prompt);
+        } else if (kind == ApiKind::Anthropic) {
+            j = anthropic_message(id, model, content, r);
+        } else if (kind == ApiKind::Responses) {
+            j = response_object(id, message_id, model, content, r);
         } else if (kind == ApiKind::OaiCompletion) {
             j = oai_base("text_completion");
             j["choices"] = json::array({json{{"text", content}, {"index", 0}, {"logprobs", nullptr}, {"finish_reason", finish_reason(r)}}});
@@ -414,9 +524,14 @@ void Api::handle_generate(const http::Request& req, http::Response& res, ApiKind
         return;
     }
 
+    // The event sequences of the other dialects keep state across results.
+    auto anthropic = kind == ApiKind::Anthropic ? std::make_shared<AnthropicStream>(id, model, n_prompt) : nullptr;
+    auto responses = kind == ApiKind::Responses ? std::make_shared<ResponsesStream>(id, message_id, model) : nullptr;
     res.stream([=](http::Writer& w) {
         auto chunk = [&](const Result& r, bool last) -> std::string {
-            if (kind == ApiKind::Completion) {
+            if (kind == ApiKind::Anthropic) return last ? anthropic->final(r) : anthropic->partial(r);
+            if (kind == ApiKind::Responses) return last ? responses->final(r) : responses->partial(r);
+            if (is_native(kind)) {
                 if (last) return sse(final_completion(r, r.text, r.tokens, r.probs, p, prompt));
                 json j{{"index", 0}, {"content", r.text}, {"tokens", r.tokens}, {"stop", false}, {"id_slot", -1},
                        {"tokens_predicted", 0}, {"tokens_evaluated", (int)prompt.size()}};
@@ -458,7 +573,7 @@ void Api::handle_generate(const http::Request& req, http::Response& res, ApiKind
             }
             if (r.kind == Result::Error) {
                 json e = json::parse(http::error_json(r.status, r.message, r.err_type));
-                w.write(kind == ApiKind::Completion ? "error: " + dump(e) + "\n\n" : sse(e));
+                w.write(is_native(kind) ? "error: " + dump(e) + "\n\n" : kind == ApiKind::Anthropic ? AnthropicStream::error(e["error"]) : sse(e));
                 return true;
             }
             bool last = r.kind == Result::Final;
@@ -509,6 +624,12 @@ void Api::handle_detokenize(const http::Request& req, http::Response& res) {
 void Api::handle_apply_template(const http::Request& req, http::Response& res) {
     json b = parse_body(req.body);
     res.set_json(dump(json{{"prompt", render_chat(b)}}));
+}
+
+// /v1/messages/count_tokens: the prompt an Anthropic request renders to, counted (with BOS).
+void Api::handle_count_tokens(const http::Request& req, http::Response& res) {
+    json b = anthropic_to_chat(parse_body(req.body));
+    res.set_json(dump(json{{"input_tokens", (int)tokenize_prompt(render_chat(b)).size()}}));
 }
 
 void Api::handle_props(http::Response& res) {
@@ -615,6 +736,15 @@ void Api::install(http::Server& srv) {
     for (const char* p : {"/completion", "/completions"}) srv.route("POST", p, gen(ApiKind::Completion));
     srv.route("POST", "/v1/completions", gen(ApiKind::OaiCompletion));
     for (const char* p : {"/chat/completions", "/v1/chat/completions"}) srv.route("POST", p, gen(ApiKind::OaiChat));
+    srv.route("POST", "/infill", gen(ApiKind::Infill));
+    srv.route("POST", "/v1/messages", gen(ApiKind::Anthropic));
+    srv.route("POST", "/v1/messages/count_tokens", wrap([this](const http::Request& q, http::Response& r) { handle_count_tokens(q, r); }));
+    srv.route("POST", "/v1/responses", gen(ApiKind::Responses));
+    if (o_.srv.webui) {  // off: / is a 404 like any unknown path, as llama-server's --no-webui
+        srv.route("GET", "/", [](const http::Request&, http::Response& r) {
+            r.set_content(std::string((const char*)webui_html, webui_html_size), "text/html; charset=utf-8");
+        });
+    }
     srv.route("POST", "/tokenize", wrap([this](const http::Request& q, http::Response& r) { handle_tokenize(q, r); }));
     srv.route("POST", "/detokenize", wrap([this](const http::Request& q, http::Response& r) { handle_detokenize(q, r); }));
     srv.route("POST", "/apply-template", wrap([this](const http::Request& q, http::Response& r) { handle_apply_template(q, r); }));
@@ -626,7 +756,7 @@ void Api::install(http::Server& srv) {
     if (!o_.srv.api_key.empty()) {
         const std::string key = o_.srv.api_key;
         srv.set_auth([key](const http::Request& r) {
-            if (r.path == "/health" || r.path == "/v1/health") return true;
+            if (r.path == "/health" || r.path == "/v1/health" || r.path == "/") return true;  // the page asks for the key
             std::string given = r.header("x-api-key");
             std::string auth = r.header("authorization");
             if (given.empty() && auth.size() > 7 && http::detail::iequals(auth.substr(0, 7), "bearer ")) given = auth.substr(7);

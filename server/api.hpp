@@ -1,6 +1,7 @@
 // llm-server's HTTP API, llama-server's: the routes, request parsing and the response shapes of its
-// three dialects (llama.cpp's /completion, OpenAI's completions and chat, with server-sent events).
-// All JSON lives here; the Scheduler runs what a request asks for.
+// dialects (llama.cpp's /completion and /infill, OpenAI's completions and chat, with server-sent
+// events; Anthropic's Messages and OpenAI's Responses are converted in dialects.cpp), and the web page
+// at /. All JSON lives here; the Scheduler runs what a request asks for.
 #pragma once
 #include <atomic>
 #include <string>
@@ -22,7 +23,9 @@ struct ChatTemplate {
     std::string source;
 };
 
-enum class ApiKind { Completion, OaiCompletion, OaiChat };
+// The shape of a generation request and of its answer. Infill answers as Completion; Anthropic and
+// Responses are chat requests in another dialect.
+enum class ApiKind { Completion, Infill, OaiCompletion, OaiChat, Anthropic, Responses };
 
 class Api {
 public:
@@ -42,6 +45,7 @@ private:
     void handle_tokenize(const http::Request& req, http::Response& res);
     void handle_detokenize(const http::Request& req, http::Response& res);
     void handle_apply_template(const http::Request& req, http::Response& res);
+    void handle_count_tokens(const http::Request& req, http::Response& res);
     void handle_props(http::Response& res);
     void handle_slots(const http::Request& req, http::Response& res);
     void handle_metrics(http::Response& res);
@@ -52,6 +56,8 @@ private:
     std::vector<int32_t> parse_prompt(const json& prompt) const;
     std::string render_chat(const json& b) const;
     std::vector<int32_t> tokenize_prompt(const std::string& text) const;
+    std::vector<int32_t> tokenize_mixed(const json& value, const char* field) const;
+    std::vector<int32_t> infill_prompt(const json& b) const;
     void check_model(const json& b) const;
 
     // ---- responses

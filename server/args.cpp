@@ -64,7 +64,9 @@ void print_usage() {
         "  --max-connections N      concurrent connections (default 64)\n"
         "  -to, --timeout S         write timeout for slow clients (default 600)\n"
         "  --shutdown-grace S       on SIGTERM/SIGINT, time in-flight requests get to finish (default 10)\n"
-        "  --no-warmup              skip the warm-up decode before reporting healthy\n");
+        "  --no-warmup              skip the warm-up decode before reporting healthy\n"
+        "  --no-webui               do not serve the chat page at / (--webui: serve it, the default)\n"
+        "  --spm-infill             /infill prompts in suffix/prefix/middle order (default: prefix/suffix/middle)\n");
 }
 
 std::vector<int32_t> parse_ids(const std::string& s) {
@@ -161,6 +163,9 @@ Options parse_args(int argc, char** argv) {
         else if (a == "--chat-template") o.srv.chat_template = next();
         else if (a == "--chat-template-file") o.srv.chat_template_file = next();
         else if (a == "--no-warmup") o.srv.warmup = false;
+        else if (a == "--webui") o.srv.webui = true;
+        else if (a == "--no-webui") o.srv.webui = false;
+        else if (a == "--spm-infill") o.srv.spm_infill = true;
         else if (a == "--shutdown-grace") o.srv.shutdown_grace_s = next_int();
         else if (a == "--max-queue") o.srv.max_queue = next_int();
         else if (a == "--max-connections") o.srv.max_connections = next_int();

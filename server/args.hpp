@@ -14,6 +14,8 @@ struct ServerOptions {
     int port = 8080, n_ubatch = 512, max_queue = 64, timeout_s = 600, shutdown_grace_s = 10, n_keep = 0;
     int cache_ram_mib = 8192, max_connections = 64;
     bool context_shift = false, kv_unified = false, warmup = true;
+    bool webui = true;        // GET / serves the chat page (--no-webui: 404, as llama-server)
+    bool spm_infill = false;  // /infill puts the suffix first (suffix/prefix/middle), for models trained so
 };
 
 struct Options {
