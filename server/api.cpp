@@ -98,23 +98,53 @@ std::string get_str(const json& b, const char* k, const std::string& def) {
     return v->get<std::string>();
 }
 
+// generation_settings: every field llama-server reports; samplers this build does not have yet
+// show their "off" values.
 json params_json(const TaskParams& p) {
+    const llm::SamplerParams& sp = p.sampling;
     return json{{"n_predict", p.n_predict},
-                {"seed", p.sampling.seed},
-                {"temperature", p.sampling.temperature},
-                {"top_k", p.sampling.top_k},
-                {"top_p", p.sampling.top_p},
-                {"min_p", p.sampling.min_p},
-                {"repeat_last_n", p.sampling.penalty_last_n},
-                {"repeat_penalty", p.sampling.repeat_penalty},
-                {"presence_penalty", p.sampling.presence_penalty},
-                {"frequency_penalty", p.sampling.frequency_penalty},
-                {"n_keep", p.n_keep},
-                {"n_probs", p.n_probs},
+                {"seed", sp.seed},
+                {"temperature", sp.temperature},
+                {"dynatemp_range", 0.0},
+                {"dynatemp_exponent", 1.0},
+                {"top_k", sp.top_k},
+                {"top_p", sp.top_p},
+                {"min_p", sp.min_p},
+                {"top_n_sigma", -1.0},
+                {"xtc_probability", 0.0},
+                {"xtc_threshold", 0.1},
+                {"typical_p", 1.0},
+                {"repeat_last_n", sp.penalty_last_n},
+                {"repeat_penalty", sp.repeat_penalty},
+                {"presence_penalty", sp.presence_penalty},
+                {"frequency_penalty", sp.frequency_penalty},
+                {"dry_multiplier", 0.0},
+                {"dry_base", 1.75},
+                {"dry_allowed_length", 2},
+                {"dry_penalty_last_n", -1},
+                {"dry_sequence_breakers", {"\n", ":", "\"", "*"}},
+                {"mirostat", 0},
+                {"mirostat_tau", 5.0},
+                {"mirostat_eta", 0.1},
                 {"stop", p.stop},
+                {"max_tokens", p.n_predict},
+                {"n_keep", p.n_keep},
+                {"n_discard", 0},
+                {"ignore_eos", p.ignore_eos},
                 {"stream", p.stream},
+                {"logit_bias", json::array()},
+                {"n_probs", p.n_probs},
+                {"min_keep", 0},
+                {"grammar", ""},
+                {"samplers", {"penalties", "top_k", "top_p", "min_p", "temperature"}},
+                {"speculative.n_max", 0},
+                {"speculative.n_min", 0},
+                {"speculative.p_min", 0.0},
+                {"timings_per_token", false},
+                {"post_sampling_probs", p.post_sampling_probs},
                 {"cache_prompt", p.cache_prompt},
-                {"ignore_eos", p.ignore_eos}};
+                {"return_progress", p.return_progress},
+                {"lora", json::array()}};
 }
 
 std::string random_id(const char* prefix) {
@@ -139,7 +169,15 @@ std::string answer_id(ApiKind k) {
 
 }  // namespace
 
-Api::Api(const Options& o) : o_(o), created_((int64_t)time(nullptr)) {}
+Api::Api(const Options& o) : o_(o), created_((int64_t)time(nullptr)) {
+    if (!o.srv.chat_template_kwargs.empty()) {
+        try {
+            default_kwargs_ = json::parse(o.srv.chat_template_kwargs);
+        } catch (const json::exception&) {
+        }
+        if (!default_kwargs_.is_object()) usage_error("--chat-template-kwargs must be a JSON object");
+    }
+}
 
 void Api::attach(const llm::Model& model, Scheduler& sched, const ChatTemplate& chat, int n_ctx_total) {
     model_ = &model;
@@ -152,22 +190,12 @@ void Api::attach(const llm::Model& model, Scheduler& sched, const ChatTemplate& 
     ready_ = true;
 }
 
-void Api::check_model(const json& b) const {
-    const json* m = opt_field(b, "model");
-    if (!m) return;
-    if (!m->is_string()) bad_field("model", "a string");
-    std::string name = m->get<std::string>();
-    std::string base = o_.model.substr(o_.model.find_last_of('/') + 1);
-    std::string stem = ends_with(base, ".gguf") ? base.substr(0, base.size() - 5) : base;
-    if (name == model_id() || name == o_.model || name == base || name == stem) return;
-    throw ApiError(404, "model '" + name + "' not found (this server serves '" + model_id() + "')", "not_found_error");
-}
-
 TaskParams Api::parse_params(const json& b, ApiKind kind) const {
     TaskParams p;
     p.sampling = o_.sampling;
     p.n_predict = o_.n_predict;
     p.n_keep = o_.srv.n_keep;
+    p.stop = o_.reverse_prompts;
     p.stream = get_bool(b, "stream", false);
     if (!is_native(kind)) {
         p.n_predict = (int)get_int(b, "max_tokens", p.n_predict, -1, INT32_MAX);
@@ -186,12 +214,15 @@ TaskParams Api::parse_params(const json& b, ApiKind kind) const {
     int64_t seed = get_int(b, "seed", -1, -1, INT64_MAX);
     if (seed >= 0) p.sampling.seed = (uint64_t)seed;
     p.n_probs = (int)get_int(b, "n_probs", 0, 0, 100);
-    p.cache_prompt = get_bool(b, "cache_prompt", true);
+    p.post_sampling_probs = get_bool(b, "post_sampling_probs", false);
+    p.cache_prompt = get_bool(b, "cache_prompt", o_.srv.cache_prompt);
     p.return_tokens = get_bool(b, "return_tokens", false);
-    p.ignore_eos = get_bool(b, "ignore_eos", false);
+    p.return_progress = get_bool(b, "return_progress", false);
+    p.ignore_eos = get_bool(b, "ignore_eos", o_.ignore_eos);
     p.id_slot = (int)get_int(b, "id_slot", -1, -1, n_slots_ - 1);
     p.n_keep = (int)get_int(b, "n_keep", p.n_keep, -1, INT32_MAX);
     if (const json* s = opt_field(b, "stop")) {
+        p.stop.clear();
         if (s->is_string()) {
             p.stop.push_back(s->get<std::string>());
         } else if (s->is_array()) {
@@ -304,16 +335,21 @@ std::vector<int32_t> Api::infill_prompt(const json& b) const {
     return first;
 }
 
-// "prompt": a string, an array of token ids, or an array mixing strings and ids (concatenated; only the
-// first string gets BOS); a one-element array of either is the same. Several prompts are refused.
-std::vector<int32_t> Api::parse_prompt(const json& pr) const {
-    const json* p = &pr;
-    if (p->is_array() && p->size() == 1 && ((*p)[0].is_string() || (*p)[0].is_array())) p = &(*p)[0];
-    if (p->is_string()) return tokenize_prompt(p->get<std::string>());
-    if (!p->is_array()) bad_field("prompt", "a string or an array of token ids");
+// One prompt: a string, an array of token ids or of ids and strings (concatenated; only the first
+// string gets BOS), or llama-server's object form {"prompt_string": ..., "multimodal_data": [...]}.
+std::vector<int32_t> Api::parse_prompt(const json& p) const {
+    if (p.is_object()) {
+        const json* md = opt_field(p, "multimodal_data");
+        if (md && !(md->is_array() && md->empty())) throw ApiError(400, "multimodal_data: this build has no multimodal input", "not_supported_error");
+        const json* ps = opt_field(p, "prompt_string");
+        if (!ps || !ps->is_string()) bad_field("prompt_string", "a string");
+        return tokenize_prompt(ps->get<std::string>());
+    }
+    if (p.is_string()) return tokenize_prompt(p.get<std::string>());
+    if (!p.is_array()) bad_field("prompt", "a string, an array of token ids, or an array of prompts");
     std::vector<int32_t> ids;
     bool first = true;
-    for (const json& x : *p) {
+    for (const json& x : p) {
         if (x.is_number_integer()) {
             int64_t id = x.get<int64_t>();
             if (x.is_number_unsigned() && x.get<uint64_t>() > (uint64_t)INT32_MAX) id = INT32_MAX;
@@ -324,14 +360,37 @@ std::vector<int32_t> Api::parse_prompt(const json& pr) const {
         } else if (x.is_string()) {
             std::vector<int32_t> t = model_->vocab.tokenize(x.get<std::string>(), first, true);
             ids.insert(ids.end(), t.begin(), t.end());
-        } else if (x.is_array()) {
-            throw ApiError(400, "more than one prompt per request is not supported");
         } else {
-            bad_field("prompt", "a string or an array of token ids");
+            bad_field("prompt", "a string or an array of token ids and strings");
         }
         first = false;
     }
     return ids;
+}
+
+// "prompt" as llama-server reads it: an array holding no bare token id is several prompts (each a
+// string, an array or an object); anything else is one.
+std::vector<std::vector<int32_t>> Api::parse_prompts(const json& pr) const {
+    std::vector<std::vector<int32_t>> out;
+    const bool several = pr.is_array() && !pr.empty() && std::none_of(pr.begin(), pr.end(), [](const json& x) { return x.is_number(); });
+    if (!several) {
+        out.push_back(parse_prompt(pr));
+        return out;
+    }
+    if (pr.size() > kMaxPrompts) throw ApiError(400, "at most " + std::to_string(kMaxPrompts) + " prompts per request");
+    for (const json& x : pr) out.push_back(parse_prompt(x));
+    return out;
+}
+
+// A prompt must leave room for at least one generated token in its slot; generation then stops
+// when the slot is full (stop_type "limit"), whatever n_predict asks.
+void Api::check_fits(const std::vector<int32_t>& prompt) const {
+    if (prompt.empty()) throw ApiError(400, "the prompt is empty");
+    const int n = (int)prompt.size();
+    if (n >= n_ctx_slot_) {
+        throw ApiError(400, "the prompt (" + std::to_string(n) + " tokens) exceeds the context of a slot (" + std::to_string(n_ctx_slot_) +
+                                " tokens); raise -c or lower -np", "exceed_context_size_error", {{"n_prompt_tokens", n}, {"n_ctx", n_ctx_slot_}});
+    }
 }
 
 std::string Api::render_chat(const json& b) const {
@@ -374,9 +433,13 @@ std::string Api::render_chat(const json& b) const {
     strftime(date, sizeof date, "%d %b %Y", &t);
     opt.date_string = date;
     opt.fold_system = true;
+    json kwargs = default_kwargs_;  // --chat-template-kwargs, then the request's
     if (const json* kw = opt_field(b, "chat_template_kwargs")) {
         if (!kw->is_object()) bad_field("chat_template_kwargs", "an object");
-        if (const json* th = opt_field(*kw, "enable_thinking")) {
+        kwargs.update(*kw);
+    }
+    {
+        if (const json* th = opt_field(kwargs, "enable_thinking")) {
             if (!th->is_boolean()) bad_field("enable_thinking", "a boolean");
             opt.enable_thinking = th->get<bool>() ? 1 : 0;
         }
@@ -402,30 +465,37 @@ json Api::timings_json(const Result& r) const {
                 {"predicted_per_second", per_s(r.predicted_ms, r.n_predicted)}};
 }
 
-json Api::probs_json(const std::vector<TokenProb>& probs) const {
+// n_probs entries: log-probabilities before sampling, or with post_sampling_probs the probabilities
+// the sampler kept ("prob", "top_probs").
+json Api::probs_json(const std::vector<TokenProb>& probs, bool post_sampling) const {
     const llm::Vocab& v = model_->vocab;
-    auto entry = [&](int32_t id, double logprob) {
+    const char* value = post_sampling ? "prob" : "logprob";
+    auto entry = [&](int32_t id, double x) {
         std::string piece = v.token_to_piece(id, true);
         json bytes = json::array();
         for (unsigned char c : piece) bytes.push_back(c);
-        return json{{"id", id}, {"token", piece}, {"bytes", bytes}, {"logprob", logprob}};
+        return json{{"id", id}, {"token", piece}, {"bytes", bytes}, {value, x}};
     };
     json out = json::array();
     for (const TokenProb& tp : probs) {
-        json j = entry(tp.id, tp.logprob);
+        double chosen = post_sampling ? 0.0 : tp.logprob;
         json top = json::array();
-        for (auto [id, p] : tp.top) top.push_back(entry(id, std::log((double)p)));
-        j["top_logprobs"] = top;
+        for (auto [id, p] : tp.top) {
+            top.push_back(entry(id, post_sampling ? (double)p : std::log((double)p)));
+            if (post_sampling && id == tp.id) chosen = p;
+        }
+        json j = entry(tp.id, chosen);
+        j[post_sampling ? "top_probs" : "top_logprobs"] = top;
         out.push_back(std::move(j));
     }
     return out;
 }
 
-json Api::final_completion(const Result& r, const std::string& content, const std::vector<int32_t>& tokens,
-                                 const std::vector<TokenProb>& probs, const TaskParams& p, const std::vector<int32_t>& prompt) const {
-    json j{{"index", 0},
-           {"content", content},
-           {"tokens", p.return_tokens ? tokens : std::vector<int32_t>()},
+json Api::final_completion(const Completion& c, const TaskParams& p, const std::vector<int32_t>& prompt, int index) const {
+    const Result& r = c.final;
+    json j{{"index", index},
+           {"content", c.content},
+           {"tokens", p.return_tokens || p.stream ? c.tokens : std::vector<int32_t>()},
            {"id_slot", r.slot},
            {"stop", true},
            {"model", model_id()},
@@ -433,153 +503,218 @@ json Api::final_completion(const Result& r, const std::string& content, const st
            {"tokens_evaluated", r.n_prompt},
            {"generation_settings", params_json(p)},
            {"prompt", model_->vocab.detokenize(prompt, true)},
-           {"has_new_line", content.find('\n') != std::string::npos},
+           {"has_new_line", c.content.find('\n') != std::string::npos},
            {"truncated", r.truncated},
            {"stop_type", r.stop_type},
            {"stopping_word", r.stopping_word},
            {"tokens_cached", r.n_cache},
            {"timings", timings_json(r)}};
-    if (p.n_probs > 0) j["completion_probabilities"] = probs_json(probs);
+    if (p.n_probs > 0) j["completion_probabilities"] = probs_json(c.probs, p.post_sampling_probs);
     return j;
 }
+
+// Every prompt's task, submitted together (all or none: a full queue cancels those already in).
+std::vector<std::shared_ptr<Channel>> Api::submit_all(const std::vector<std::vector<int32_t>>& prompts, const TaskParams& p) {
+    std::vector<std::shared_ptr<Channel>> chs;
+    try {
+        for (const auto& prompt : prompts) chs.push_back(sched_->submit(prompt, p));
+    } catch (...) {
+        for (auto& ch : chs) sched_->cancel(ch);
+        throw;
+    }
+    return chs;
+}
+
+// Drains a task's results into one completion; the request fails with the task's error.
+Api::Completion Api::collect(const std::shared_ptr<Channel>& ch, const http::Request& req) {
+    Completion c;
+    for (;;) {
+        Result r;
+        if (!ch->pop(r, 100)) {
+            if (!req.client_connected()) throw ApiError(400, "client disconnected");
+            continue;
+        }
+        if (r.kind == Result::Error) throw ApiError(r.status, r.message, r.err_type);
+        if (r.kind == Result::Progress) continue;
+        c.content += r.text;
+        c.tokens.insert(c.tokens.end(), r.tokens.begin(), r.tokens.end());
+        c.probs.insert(c.probs.end(), r.probs.begin(), r.probs.end());
+        if (r.kind == Result::Final) {
+            c.final = std::move(r);
+            return c;
+        }
+    }
+}
+
+namespace {
+
+const char* finish_reason(const Result& r) { return r.stop_type == "limit" ? "length" : "stop"; }
+
+json usage_json(int n_prompt, int n_predicted, int n_cached) {
+    return json{{"completion_tokens", n_predicted},
+                {"prompt_tokens", n_prompt},
+                {"total_tokens", n_predicted + n_prompt},
+                {"prompt_tokens_details", {{"cached_tokens", n_cached}}}};
+}
+
+json progress_json(const Result& r) {
+    return json{{"total", r.n_prompt}, {"cache", r.n_cache_reused}, {"processed", r.n_prompt_evaluated}, {"time_ms", r.prompt_ms}};
+}
+
+}  // namespace
 
 void Api::handle_generate(const http::Request& req, http::Response& res, ApiKind kind) {
     json b = parse_body(req.body);
     if (kind == ApiKind::Anthropic) b = anthropic_to_chat(b);
     if (kind == ApiKind::Responses) b = responses_to_chat(b);
-    check_model(b);
     TaskParams p = parse_params(b, kind);
-    std::vector<int32_t> prompt;
+    std::vector<std::vector<int32_t>> prompts;
     if (is_chat(kind)) {
-        prompt = tokenize_prompt(render_chat(b));
+        prompts.push_back(tokenize_prompt(render_chat(b)));
     } else if (kind == ApiKind::Infill) {
-        prompt = infill_prompt(b);
+        prompts.push_back(infill_prompt(b));
     } else {
         const json* pr = opt_field(b, "prompt");
         if (!pr) throw ApiError(400, "'prompt' is required");
-        prompt = parse_prompt(*pr);
+        prompts = parse_prompts(*pr);
     }
-    if (prompt.empty()) throw ApiError(400, "the prompt is empty");
-    const int n_prompt = (int)prompt.size();
-    if (n_prompt >= n_ctx_slot_) {
-        throw ApiError(400, "the prompt (" + std::to_string(n_prompt) + " tokens) exceeds the context of a slot (" +
-                                std::to_string(n_ctx_slot_) + " tokens); raise -c or lower -np", "exceed_context_size_error");
+    for (const auto& prompt : prompts) check_fits(prompt);
+    bool include_usage = false;
+    if (const json* so = opt_field(b, "stream_options")) {
+        if (!so->is_object()) bad_field("stream_options", "an object");
+        include_usage = get_bool(*so, "include_usage", false);
     }
-    if (p.n_predict > 0 && !o_.srv.context_shift && n_prompt + p.n_predict > n_ctx_slot_) {
-        throw ApiError(400, "the prompt (" + std::to_string(n_prompt) + " tokens) plus n_predict (" + std::to_string(p.n_predict) +
-                                ") exceeds the context of a slot (" + std::to_string(n_ctx_slot_) + " tokens)",
-                       "exceed_context_size_error");
-    }
-    std::shared_ptr<Channel> ch = sched_->submit(prompt, p);
+    std::vector<std::shared_ptr<Channel>> chs = submit_all(prompts, p);
+    auto cancel_all = [this, chs] { for (auto& ch : chs) sched_->cancel(ch); };
 
     const std::string id = answer_id(kind);
     const std::string message_id = random_id("msg_");  // the Responses API's output message
     const int64_t created = (int64_t)time(nullptr);
     const std::string model = model_id();
-    auto finish_reason = [](const Result& r) { return r.stop_type == "limit" ? "length" : "stop"; };
-    auto usage = [](const Result& r) {
-        return json{{"completion_tokens", r.n_predicted}, {"prompt_tokens", r.n_prompt}, {"total_tokens", r.n_predicted + r.n_prompt}};
-    };
     auto oai_base = [id, created, model](const char* object) {
         return json{{"id", id}, {"created", created}, {"model", model}, {"system_fingerprint", "llm.hpp"}, {"object", object}};
     };
 
     if (!p.stream) {
-        std::string content;
-        std::vector<int32_t> tokens;
-        std::vector<TokenProb> probs;
-        Result r;
-        for (;;) {
-            if (!ch->pop(r, 100)) {
-                if (!req.client_connected()) { sched_->cancel(ch); throw ApiError(400, "client disconnected"); }
-                continue;
-            }
-            if (r.kind == Result::Error) { sched_->cancel(ch); throw ApiError(r.status, r.message, r.err_type); }
-            content += r.text;
-            tokens.insert(tokens.end(), r.tokens.begin(), r.tokens.end());
-            probs.insert(probs.end(), r.probs.begin(), r.probs.end());
-            if (r.kind == Result::Final) break;
+        std::vector<Completion> done;
+        try {
+            for (auto& ch : chs) done.push_back(collect(ch, req));
+        } catch (...) {
+            cancel_all();
+            throw;
         }
         json j;
-        if (is_native(kind)) {
-            j = final_completion(r, content, tokens, probs, p, prompt);
-        } else if (kind == ApiKind::Anthropic) {
-            j = anthropic_message(id, model, content, r);
+        if (kind == ApiKind::Anthropic) {
+            j = anthropic_message(id, model, done[0].content, done[0].final);
         } else if (kind == ApiKind::Responses) {
-            j = response_object(id, message_id, model, content, r);
-        } else if (kind == ApiKind::OaiCompletion) {
-            j = oai_base("text_completion");
-            j["choices"] = json::array({json{{"text", content}, {"index", 0}, {"logprobs", nullptr}, {"finish_reason", finish_reason(r)}}});
-            j["usage"] = usage(r);
-            j["timings"] = timings_json(r);
+            j = response_object(id, message_id, model, done[0].content, done[0].final);
+        } else if (is_native(kind)) {
+            j = json::array();
+            for (size_t i = 0; i < done.size(); i++) j.push_back(final_completion(done[i], p, prompts[i], (int)i));
+            if (done.size() == 1) j = j[0];
         } else {
-            j = oai_base("chat.completion");
-            j["choices"] = json::array({json{{"finish_reason", finish_reason(r)},
-                                             {"index", 0},
-                                             {"message", {{"role", "assistant"}, {"content", content}}}}});
-            j["usage"] = usage(r);
-            j["timings"] = timings_json(r);
+            j = oai_base(kind == ApiKind::OaiChat ? "chat.completion" : "text_completion");
+            j["choices"] = json::array();
+            int n_prompt = 0, n_predicted = 0, n_cached = 0;
+            for (size_t i = 0; i < done.size(); i++) {
+                const Result& r = done[i].final;
+                n_prompt += r.n_prompt;
+                n_predicted += r.n_predicted;
+                n_cached += r.n_cache_reused;
+                if (kind == ApiKind::OaiChat) {
+                    j["choices"].push_back(json{{"finish_reason", finish_reason(r)},
+                                                {"index", i},
+                                                {"message", {{"role", "assistant"}, {"content", done[i].content}}}});
+                } else {
+                    j["choices"].push_back(json{{"text", done[i].content}, {"index", i}, {"logprobs", nullptr}, {"finish_reason", finish_reason(r)}});
+                }
+            }
+            j["usage"] = usage_json(n_prompt, n_predicted, n_cached);
+            j["timings"] = timings_json(done[0].final);
         }
         res.set_json(dump(j));
         return;
     }
 
     // The event sequences of the other dialects keep state across results.
-    auto anthropic = kind == ApiKind::Anthropic ? std::make_shared<AnthropicStream>(id, model, n_prompt) : nullptr;
+    auto anthropic = kind == ApiKind::Anthropic ? std::make_shared<AnthropicStream>(id, model, (int)prompts[0].size()) : nullptr;
     auto responses = kind == ApiKind::Responses ? std::make_shared<ResponsesStream>(id, message_id, model) : nullptr;
     res.stream([=](http::Writer& w) {
-        auto chunk = [&](const Result& r, bool last) -> std::string {
+        // One event (or two: a finish chunk, then the usage chunk) per result of prompt `index`.
+        auto events = [&](const Result& r, int index) -> std::string {
+            const bool last = r.kind == Result::Final;
             if (kind == ApiKind::Anthropic) return last ? anthropic->final(r) : anthropic->partial(r);
             if (kind == ApiKind::Responses) return last ? responses->final(r) : responses->partial(r);
             if (is_native(kind)) {
-                if (last) return sse(final_completion(r, r.text, r.tokens, r.probs, p, prompt));
-                json j{{"index", 0}, {"content", r.text}, {"tokens", r.tokens}, {"stop", false}, {"id_slot", -1},
-                       {"tokens_predicted", 0}, {"tokens_evaluated", (int)prompt.size()}};
-                if (p.n_probs > 0) j["completion_probabilities"] = probs_json(r.probs);
+                if (last) {
+                    Completion c{r, r.text, r.tokens, r.probs};
+                    return sse(final_completion(c, p, prompts[index], index));
+                }
+                json j{{"index", index}, {"content", r.text}, {"tokens", r.tokens}, {"stop", false}, {"id_slot", r.slot},
+                       {"tokens_predicted", r.n_predicted}, {"tokens_evaluated", r.n_prompt}};
+                if (r.kind == Result::Progress) j["prompt_progress"] = progress_json(r);
+                if (p.n_probs > 0 && r.kind == Result::Partial) j["completion_probabilities"] = probs_json(r.probs, p.post_sampling_probs);
+                return sse(j);
+            }
+            const bool chat = kind == ApiKind::OaiChat;
+            json j = oai_base(chat ? "chat.completion.chunk" : "text_completion");
+            auto choice = [&](const std::string& text, json finish) {
+                if (chat) return json{{"finish_reason", finish}, {"index", index}, {"delta", text.empty() && !finish.is_null() ? json::object() : json{{"content", text}}}};
+                return json{{"text", text}, {"index", index}, {"logprobs", nullptr}, {"finish_reason", finish}};
+            };
+            if (r.kind == Result::Progress) {
+                j["choices"] = json::array({choice("", nullptr)});
+                j["prompt_progress"] = progress_json(r);
                 return sse(j);
             }
             std::string out;
-            json j = oai_base(kind == ApiKind::OaiChat ? "chat.completion.chunk" : "text_completion");
             if (!r.text.empty() || !last) {
-                if (kind == ApiKind::OaiChat) {
-                    j["choices"] = json::array({json{{"finish_reason", nullptr}, {"index", 0}, {"delta", {{"content", r.text}}}}});
-                } else {
-                    j["choices"] = json::array({json{{"text", r.text}, {"index", 0}, {"logprobs", nullptr}, {"finish_reason", nullptr}}});
-                }
+                j["choices"] = json::array({choice(r.text, nullptr)});
                 out += sse(j);
             }
             if (last) {
-                if (kind == ApiKind::OaiChat) {
-                    j["choices"] = json::array({json{{"finish_reason", finish_reason(r)}, {"index", 0}, {"delta", json::object()}}});
-                } else {
-                    j["choices"] = json::array({json{{"text", ""}, {"index", 0}, {"logprobs", nullptr}, {"finish_reason", finish_reason(r)}}});
-                }
-                j["usage"] = usage(r);
+                j["choices"] = json::array({choice("", finish_reason(r))});
                 j["timings"] = timings_json(r);
-                out += sse(j) + "data: [DONE]\n\n";
+                const json usage = usage_json(r.n_prompt, r.n_predicted, r.n_cache_reused);
+                if (!include_usage) j["usage"] = usage;
+                out += sse(j);
+                if (include_usage) {  // OpenAI's stream_options: a last chunk with no choices and the usage
+                    j.erase("timings");
+                    j["choices"] = json::array();
+                    j["usage"] = usage;
+                    out += sse(j);
+                }
             }
             return out;
         };
         if (kind == ApiKind::OaiChat) {
             json j = oai_base("chat.completion.chunk");
             j["choices"] = json::array({json{{"finish_reason", nullptr}, {"index", 0}, {"delta", {{"role", "assistant"}, {"content", nullptr}}}}});
-            if (!w.write(sse(j))) { sched_->cancel(ch); return false; }
+            if (!w.write(sse(j))) { cancel_all(); return false; }
         }
-        for (;;) {
-            Result r;
-            if (!ch->pop(r, 100)) {
-                if (!w.alive()) { sched_->cancel(ch); return false; }
-                continue;
+        std::vector<bool> finished(chs.size(), false);
+        size_t n_finished = 0;
+        while (n_finished < chs.size()) {
+            bool any = false;
+            for (size_t i = 0; i < chs.size(); i++) {
+                Result r;
+                if (finished[i] || !chs[i]->pop(r, chs.size() == 1 ? 100 : 5)) continue;
+                any = true;
+                if (r.kind == Result::Error) {
+                    cancel_all();
+                    json e = json::parse(http::error_json(r.status, r.message, r.err_type));
+                    w.write(is_native(kind) ? "error: " + dump(e) + "\n\n" : kind == ApiKind::Anthropic ? AnthropicStream::error(e["error"]) : sse(e));
+                    return true;
+                }
+                if (!w.write(events(r, (int)i))) { cancel_all(); return false; }
+                if (r.kind == Result::Final) { finished[i] = true; n_finished++; }
             }
-            if (r.kind == Result::Error) {
-                json e = json::parse(http::error_json(r.status, r.message, r.err_type));
-                w.write(is_native(kind) ? "error: " + dump(e) + "\n\n" : kind == ApiKind::Anthropic ? AnthropicStream::error(e["error"]) : sse(e));
-                return true;
-            }
-            bool last = r.kind == Result::Final;
-            if (!w.write(chunk(r, last))) { sched_->cancel(ch); return false; }
-            if (last) return true;
+            if (!any && !w.alive()) { cancel_all(); return false; }
         }
+        // OpenAI's streams end with [DONE]; llama.cpp's, Anthropic's and the Responses API's do not.
+        const bool oai = kind == ApiKind::OaiCompletion || kind == ApiKind::OaiChat;
+        if (oai && !w.write("data: [DONE]\n\n")) return false;
+        return true;
     });
 }
 
@@ -626,6 +761,13 @@ void Api::handle_apply_template(const http::Request& req, http::Response& res) {
     res.set_json(dump(json{{"prompt", render_chat(b)}}));
 }
 
+// /chat/completions/input_tokens: the token count of a chat request's rendered prompt.
+void Api::handle_input_tokens(const http::Request& req, http::Response& res) {
+    json b = parse_body(req.body);
+    const size_t n = tokenize_prompt(render_chat(b)).size();
+    res.set_json(dump(json{{"object", "response.input_tokens"}, {"input_tokens", n}}));
+}
+
 // /v1/messages/count_tokens: the prompt an Anthropic request renders to, counted (with BOS).
 void Api::handle_count_tokens(const http::Request& req, http::Response& res) {
     json b = anthropic_to_chat(parse_body(req.body));
@@ -636,49 +778,106 @@ void Api::handle_props(http::Response& res) {
     TaskParams def = parse_params(json::object(), ApiKind::Completion);
     const llm::Vocab& v = model_->vocab;
     json j{{"default_generation_settings",
-            {{"id", 0}, {"id_task", -1}, {"n_ctx", n_ctx_slot_}, {"speculative", false}, {"is_processing", false}, {"params", params_json(def)}}},
+            {{"id", 0}, {"id_task", -1}, {"n_ctx", n_ctx_slot_}, {"speculative", false}, {"is_processing", false}, {"params", params_json(def)},
+             {"prompt", ""}, {"next_token", {{"has_next_token", true}, {"has_new_line", false}, {"n_remain", -1}, {"n_decoded", 0}, {"stopping_word", ""}}}}},
            {"total_slots", n_slots_},
            {"model_alias", model_id()},
            {"model_path", o_.model},
            {"n_ctx", n_ctx_total_},
            {"chat_template", chat_.source},
            {"chat_template_family", llm::chat_family_name(chat_.family)},
+           {"chat_template_caps", json::object()},
            {"bos_token", v.bos() >= 0 ? v.token_to_piece(v.bos(), true) : ""},
            {"eos_token", v.eos() >= 0 ? v.token_to_piece(v.eos(), true) : ""},
            {"modalities", {{"vision", false}, {"audio", false}}},
+           {"webui", o_.srv.webui},
+           {"is_sleeping", false},
            {"build_info", "llm.hpp"}};
     res.set_json(dump(j));
 }
 
+// POST /props (with --props, as llama-server): there are no settable properties yet.
+void Api::handle_props_post(const http::Request& req, http::Response& res) {
+    if (!o_.srv.props_post) {
+        throw ApiError(501, "This server does not support changing global properties. Start it with `--props`", "not_supported_error");
+    }
+    parse_body(req.body);
+    res.set_json(dump(json{{"success", true}}));
+}
+
 void Api::handle_slots(const http::Request& req, http::Response& res) {
+    if (!o_.srv.slots) throw ApiError(501, "This server does not support slots endpoint.", "not_supported_error");
     json arr = json::array();
     bool any_idle = false;
-    {
-        for (const SlotView& v : sched_->slot_views()) {
-            any_idle = any_idle || !v.busy;
-            arr.push_back({{"id", v.id},
-                           {"id_task", v.task},
-                           {"n_ctx", n_ctx_slot_},
-                           {"speculative", false},
-                           {"is_processing", v.busy},
-                           {"n_past", v.n_past},
-                           {"tokens_cached", v.n_past},
-                           {"n_prompt_tokens", v.n_prompt},
-                           {"params", v.busy ? params_json(v.params) : json::object()},
-                           {"next_token",
-                            {{"has_next_token", v.busy}, {"has_new_line", v.has_new_line}, {"n_remain", v.n_remain},
-                             {"n_decoded", v.n_decoded}, {"stopping_word", ""}}}});
-        }
+    for (const SlotView& v : sched_->slot_views()) {
+        any_idle = any_idle || !v.busy;
+        arr.push_back({{"id", v.id},
+                       {"id_task", v.task},
+                       {"n_ctx", n_ctx_slot_},
+                       {"speculative", false},
+                       {"is_processing", v.busy},
+                       {"n_past", v.n_past},
+                       {"tokens_cached", v.n_past},
+                       {"n_prompt_tokens", v.n_prompt},
+                       {"params", v.busy ? params_json(v.params) : json::object()},
+                       {"next_token",
+                        {{"has_next_token", v.busy}, {"has_new_line", v.has_new_line}, {"n_remain", v.n_remain},
+                         {"n_decoded", v.n_decoded}, {"stopping_word", ""}}}});
     }
     std::string f = req.param("fail_on_no_slot");
     if (!f.empty() && f != "0" && f != "false" && !any_idle) throw ApiError(503, "no slot available", "unavailable_error");
     res.set_json(dump(arr));
 }
 
+namespace {
+
+// A --slot-save-path file name: a plain name (no folder, no "..", no control characters), at most
+// 255 bytes, so that the file stays in that folder.
+bool valid_slot_filename(const std::string& name) {
+    if (name.empty() || name.size() > 255 || name == "." || name == "..") return false;
+    for (unsigned char c : name) {
+        if (c < 0x20 || c == 0x7f || c == '/' || c == '\\' || c == ':') return false;
+    }
+    return http::is_valid_utf8(name);
+}
+
+}  // namespace
+
+// POST /slots/{id}?action=save|restore|erase.
+void Api::handle_slot_action(const http::Request& req, http::Response& res, int slot) {
+    if (!o_.srv.slots) throw ApiError(501, "This server does not support slots endpoint.", "not_supported_error");
+    const std::string action = req.param("action");
+    SlotAction a;
+    a.slot = slot;
+    if (action == "erase") {
+        a.kind = SlotAction::Erase;
+    } else if (action == "save" || action == "restore") {
+        if (o_.srv.slot_save_path.empty()) throw ApiError(501, "slot save/restore needs --slot-save-path", "not_supported_error");
+        json b = parse_body(req.body);
+        const std::string name = get_str(b, "filename", "");
+        if (!valid_slot_filename(name)) throw ApiError(400, "Invalid filename");
+        a.kind = action == "save" ? SlotAction::Save : SlotAction::Restore;
+        a.path = o_.srv.slot_save_path + "/" + name;
+        const SlotActionResult r = sched_->slot_action(a);
+        if (r.status != 200) throw ApiError(r.status, r.error);
+        if (a.kind == SlotAction::Save) {
+            res.set_json(dump(json{{"id_slot", slot}, {"filename", name}, {"n_saved", r.n_tokens}, {"n_written", r.n_bytes}, {"timings", {{"save_ms", r.ms}}}}));
+        } else {
+            res.set_json(dump(json{{"id_slot", slot}, {"filename", name}, {"n_restored", r.n_tokens}, {"n_read", r.n_bytes}, {"timings", {{"restore_ms", r.ms}}}}));
+        }
+        return;
+    } else {
+        throw ApiError(400, "Invalid action: '" + action + "' (save, restore or erase)");
+    }
+    const SlotActionResult r = sched_->slot_action(a);
+    if (r.status != 200) throw ApiError(r.status, r.error);
+    res.set_json(dump(json{{"id_slot", slot}, {"n_erased", r.n_tokens}}));
+}
+
 void Api::handle_metrics(http::Response& res) {
+    if (!o_.srv.metrics) throw ApiError(501, "This server does not support metrics endpoint. Start it with `--metrics`", "not_supported_error");
     const Load l = sched_->load();
     const Stats& s = l.stats;
-    const int busy = l.busy, deferred = l.deferred;
     std::string out;
     auto metric = [&](const char* type, const char* name, const char* help, double value) {
         char line[128];
@@ -690,7 +889,8 @@ void Api::handle_metrics(http::Response& res) {
     metric("counter", "tokens_predicted_total", "Number of generation tokens processed.", (double)s.predicted_tokens);
     metric("counter", "tokens_predicted_seconds_total", "Predict process time", s.predicted_s);
     metric("counter", "n_decode_total", "Total number of llama_decode() calls", (double)s.n_decode);
-    metric("counter", "n_busy_slots_per_decode", "Average number of busy slots per llama_decode() call",
+    metric("counter", "n_tokens_max", "Largest observed n_tokens.", (double)s.n_tokens_max);
+    metric("gauge", "n_busy_slots_per_decode", "Average number of busy slots per llama_decode() call",
            s.n_decode ? (double)s.n_busy_slots / s.n_decode : 0.0);
     metric("gauge", "prompt_tokens_seconds", "Average prompt throughput in tokens/s.", s.prompt_s > 0 ? s.prompt_tokens / s.prompt_s : 0.0);
     metric("gauge", "predicted_tokens_seconds", "Average generation throughput in tokens/s.",
@@ -698,18 +898,55 @@ void Api::handle_metrics(http::Response& res) {
     metric("gauge", "kv_cache_usage_ratio", "KV-cache usage. 1 means 100 percent usage.",
            (double)s.kv_tokens / std::max(1, n_ctx_total_));
     metric("gauge", "kv_cache_tokens", "KV-cache tokens.", (double)s.kv_tokens);
-    metric("gauge", "requests_processing", "Number of requests processing.", busy);
-    metric("gauge", "requests_deferred", "Number of requests deferred.", deferred);
+    metric("gauge", "requests_processing", "Number of requests processing.", l.busy);
+    metric("gauge", "requests_deferred", "Number of requests deferred.", l.deferred);
+    metric("counter", "spec_decode_num_draft_tokens_total", "Total draft tokens generated (0 when spec-decode is off).", 0);
+    metric("counter", "spec_decode_num_accepted_tokens_total", "Total draft tokens accepted by the target model (0 when spec-decode is off).", 0);
+    metric("counter", "spec_decode_num_drafts_total", "Total speculative decoding verification steps (0 when spec-decode is off).", 0);
     res.set_content(out, "text/plain; version=0.0.4");
 }
 
+// /models and /v1/models: OpenAI's list with llama-server's fields (one entry), and the Ollama-style
+// "models" list llama-server adds.
 void Api::handle_models(http::Response& res) {
     const llm::HParams& hp = model_->hp;
-    json meta{{"vocab_type", model_->vocab.model_type()}, {"n_vocab", n_vocab_},     {"n_ctx_train", hp.n_ctx_train},
-              {"n_embd", hp.n_embd},                      {"n_params", model_->n_params()}, {"size", model_->weight_bytes()}};
-    json m{{"id", model_id()}, {"object", "model"}, {"created", created_}, {"owned_by", "llamacpp"}, {"meta", meta}};
-    res.set_json(dump(json{{"object", "list"}, {"data", json::array({m})}}));
+    const std::string id = model_id();
+    json meta{{"vocab_type", model_->vocab.model_type()}, {"n_vocab", n_vocab_},          {"n_ctx_train", hp.n_ctx_train},
+              {"n_embd", hp.n_embd},                      {"n_params", model_->n_params()}, {"size", model_->weight_bytes()},
+              {"n_ctx", n_ctx_slot_}};
+    json m{{"id", id},
+           {"aliases", o_.srv.aliases},
+           {"tags", o_.srv.tags},
+           {"object", "model"},
+           {"created", created_},
+           {"owned_by", "llamacpp"},
+           {"architecture", {{"input_modalities", {"text"}}, {"output_modalities", {"text"}}}},
+           {"meta", meta}};
+    json ollama{{"name", id}, {"model", id}, {"modified_at", ""}, {"size", ""}, {"digest", ""}, {"type", "model"}, {"description", ""},
+                {"tags", o_.srv.tags}, {"capabilities", {"completion"}}, {"parameters", ""},
+                {"details", {{"parent_model", ""}, {"format", "gguf"}, {"family", model_->arch_str}, {"families", {model_->arch_str}},
+                             {"parameter_size", ""}, {"quantization_level", ""}}}};
+    res.set_json(dump(json{{"models", json::array({ollama})}, {"object", "list"}, {"data", json::array({m})}}));
 }
+
+namespace {
+
+// Whether a request carries one of the keys (x-api-key, or Authorization: Bearer), compared in time
+// independent of where they differ.
+bool has_api_key(const http::Request& r, const std::vector<std::string>& keys) {
+    std::string given = r.header("x-api-key");
+    std::string auth = r.header("authorization");
+    if (given.empty() && auth.size() > 7 && http::detail::iequals(auth.substr(0, 7), "bearer ")) given = auth.substr(7);
+    bool ok = false;
+    for (const std::string& key : keys) {
+        unsigned diff = given.size() != key.size();
+        for (size_t i = 0; i < given.size(); i++) diff |= (unsigned)(given[i] ^ key[i % key.size()]);
+        ok |= diff == 0;
+    }
+    return ok;
+}
+
+}  // namespace
 
 void Api::install(http::Server& srv) {
     // Errors a handler raises become OpenAI-style error bodies; the server keeps serving.
@@ -719,7 +956,9 @@ void Api::install(http::Server& srv) {
                 fn(req, res);
             } catch (const ApiError& e) {
                 res = http::Response();
-                res.set_error(e.status, e.what(), e.type);
+                json body = json::parse(http::error_json(e.status, e.what(), e.type));
+                for (const auto& [k, v] : e.fields) body["error"][k] = v;
+                res.set_json(dump(body), e.status);
             } catch (const llm::Error& e) {
                 res = http::Response();
                 res.set_error(400, e.what());
@@ -745,25 +984,25 @@ void Api::install(http::Server& srv) {
             r.set_content(std::string((const char*)webui_html, webui_html_size), "text/html; charset=utf-8");
         });
     }
+    for (const char* p : {"/chat/completions/input_tokens", "/v1/chat/completions/input_tokens"}) {
+        srv.route("POST", p, wrap([this](const http::Request& q, http::Response& r) { handle_input_tokens(q, r); }));
+    }
     srv.route("POST", "/tokenize", wrap([this](const http::Request& q, http::Response& r) { handle_tokenize(q, r); }));
     srv.route("POST", "/detokenize", wrap([this](const http::Request& q, http::Response& r) { handle_detokenize(q, r); }));
     srv.route("POST", "/apply-template", wrap([this](const http::Request& q, http::Response& r) { handle_apply_template(q, r); }));
     srv.route("GET", "/props", wrap([this](const http::Request&, http::Response& r) { handle_props(r); }));
+    srv.route("POST", "/props", wrap([this](const http::Request& q, http::Response& r) { handle_props_post(q, r); }));
     srv.route("GET", "/slots", wrap([this](const http::Request& q, http::Response& r) { handle_slots(q, r); }));
+    for (int i = 0; i < o_.n_parallel; i++) {
+        srv.route("POST", "/slots/" + std::to_string(i), wrap([this, i](const http::Request& q, http::Response& r) { handle_slot_action(q, r, i); }));
+    }
     srv.route("GET", "/metrics", wrap([this](const http::Request&, http::Response& r) { handle_metrics(r); }));
     for (const char* p : {"/models", "/v1/models"}) srv.route("GET", p, wrap([this](const http::Request&, http::Response& r) { handle_models(r); }));
 
-    if (!o_.srv.api_key.empty()) {
-        const std::string key = o_.srv.api_key;
-        srv.set_auth([key](const http::Request& r) {
-            if (r.path == "/health" || r.path == "/v1/health" || r.path == "/") return true;  // the page asks for the key
-            std::string given = r.header("x-api-key");
-            std::string auth = r.header("authorization");
-            if (given.empty() && auth.size() > 7 && http::detail::iequals(auth.substr(0, 7), "bearer ")) given = auth.substr(7);
-            unsigned diff = given.size() != key.size();  // compare without an early exit
-            for (size_t i = 0; i < given.size(); i++) diff |= (unsigned)(given[i] ^ key[i % key.size()]);
-            return diff == 0;
-        });
+    if (!o_.srv.api_keys.empty()) {
+        const std::vector<std::string> keys = o_.srv.api_keys;
+        // The page is public (it asks for the key); so is /health.
+        srv.set_auth([keys](const http::Request& r) { return r.path == "/health" || r.path == "/v1/health" || r.path == "/" || has_api_key(r, keys); });
     }
     // While the model loads, everything but /health answers 503.
     srv.set_pre_route([this](const http::Request& r, http::Response& res) {
@@ -774,6 +1013,7 @@ void Api::install(http::Server& srv) {
     srv.set_logger([](const http::Request& r, const http::Response& res) {
         if (res.status == 200 && (r.path == "/health" || r.path == "/v1/health")) return;
         log_msg('I', "http: %s:%d %s %s -> %d", r.remote_addr.c_str(), r.remote_port, r.method.c_str(), r.path.c_str(), res.status);
+        if (log_enabled('D') && !r.body.empty()) log_msg('D', "http: request body: %.2000s", r.body.c_str());
     });
 }
 

@@ -35,39 +35,54 @@ public:
     // The model is loaded and the scheduler runs: requests are served from now on (until then,
     // everything but /health answers 503).
     void attach(const llm::Model& model, Scheduler& sched, const ChatTemplate& chat, int n_ctx_total);
-    std::string model_id() const { return o_.srv.alias.empty() ? o_.model : o_.srv.alias; }
+    std::string model_id() const { return srv::model_id(o_); }
 
 private:
     using json = nlohmann::json;
+    static constexpr size_t kMaxPrompts = 64;  // prompts in one /completion request
+
+    // One task's results, drained.
+    struct Completion {
+        Result final;
+        std::string content;
+        std::vector<int32_t> tokens;
+        std::vector<TokenProb> probs;
+    };
 
     // ---- handlers
     void handle_generate(const http::Request& req, http::Response& res, ApiKind kind);
     void handle_tokenize(const http::Request& req, http::Response& res);
     void handle_detokenize(const http::Request& req, http::Response& res);
     void handle_apply_template(const http::Request& req, http::Response& res);
+    void handle_input_tokens(const http::Request& req, http::Response& res);
     void handle_count_tokens(const http::Request& req, http::Response& res);
     void handle_props(http::Response& res);
+    void handle_props_post(const http::Request& req, http::Response& res);
     void handle_slots(const http::Request& req, http::Response& res);
+    void handle_slot_action(const http::Request& req, http::Response& res, int slot);
     void handle_metrics(http::Response& res);
     void handle_models(http::Response& res);
 
     // ---- requests
     TaskParams parse_params(const json& b, ApiKind kind) const;
     std::vector<int32_t> parse_prompt(const json& prompt) const;
+    std::vector<std::vector<int32_t>> parse_prompts(const json& prompt) const;
+    void check_fits(const std::vector<int32_t>& prompt) const;
     std::string render_chat(const json& b) const;
     std::vector<int32_t> tokenize_prompt(const std::string& text) const;
     std::vector<int32_t> tokenize_mixed(const json& value, const char* field) const;
     std::vector<int32_t> infill_prompt(const json& b) const;
-    void check_model(const json& b) const;
+    std::vector<std::shared_ptr<Channel>> submit_all(const std::vector<std::vector<int32_t>>& prompts, const TaskParams& p);
+    Completion collect(const std::shared_ptr<Channel>& ch, const http::Request& req);
 
     // ---- responses
     json timings_json(const Result& r) const;
-    json probs_json(const std::vector<TokenProb>& probs) const;
-    json final_completion(const Result& r, const std::string& content, const std::vector<int32_t>& tokens,
-                          const std::vector<TokenProb>& probs, const TaskParams& p, const std::vector<int32_t>& prompt) const;
+    json probs_json(const std::vector<TokenProb>& probs, bool post_sampling) const;
+    json final_completion(const Completion& c, const TaskParams& p, const std::vector<int32_t>& prompt, int index) const;
 
     const Options& o_;
     const int64_t created_;
+    json default_kwargs_ = json::object();  // --chat-template-kwargs
     std::atomic<bool> ready_{false};
     // Set by attach().
     const llm::Model* model_ = nullptr;

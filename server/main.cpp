@@ -23,6 +23,8 @@ int main(int argc, char** argv) {
     using namespace srv;
     Options o = parse_args(argc, argv);
     try {
+        set_log_options(o.log_verbosity, o.log_file);
+        for (const auto& [level, text] : o.notes) log_msg(level, "%s", text.c_str());
         if (o.tokenize) return run_tokenize(o);
         if (o.plan) return run_plan(o);
         if (wants_server(o)) return run_server(o);

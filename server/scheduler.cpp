@@ -3,6 +3,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <fstream>
+#include <iterator>
 
 #include "util.hpp"
 
@@ -81,6 +84,16 @@ void Scheduler::stop() {
         stop_ = true;
     }
     cv_.notify_all();
+}
+
+SlotActionResult Scheduler::slot_action(const SlotAction& a) {
+    auto pa = std::make_shared<PendingAction>();
+    pa->action = a;
+    std::unique_lock<std::mutex> lock(mu_);
+    actions_.push_back(pa);
+    cv_.notify_one();
+    actions_cv_.wait(lock, [&] { return pa->done; });
+    return pa->result;
 }
 
 // ---- scheduler thread ------------------------------------------------------------------------------
@@ -184,11 +197,114 @@ void Scheduler::emit_partial(Slot& s) {
     if (end == s.n_sent) return;
     Result r;
     r.text = s.text.substr(s.n_sent, end - s.n_sent);
+    r.slot = s.id;
+    r.n_prompt = s.n_prompt;
+    r.n_predicted = s.n_decoded;
     r.tokens.swap(s.unsent_tokens);
     r.probs = std::move(s.unsent_probs);
     s.unsent_probs.clear();
     s.n_sent = end;
     s.task->ch->push(std::move(r));
+}
+
+// Prompt evaluation so far (cached tokens included), for return_progress.
+void Scheduler::send_progress(Slot& s) {
+    Result r;
+    r.kind = Result::Progress;
+    r.slot = s.id;
+    r.n_prompt = s.n_prompt;
+    r.n_cache_reused = s.n_cache_reused;
+    r.n_prompt_evaluated = s.n_cache_reused + s.n_prompt_evaluated;
+    r.prompt_ms = (now_seconds() - s.t_start) * 1000;
+    s.task->ch->push(std::move(r));
+}
+
+// Slot actions waiting for the scheduler thread, answered in order.
+void Scheduler::run_slot_actions() {
+    std::vector<std::shared_ptr<PendingAction>> todo;
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        todo.assign(actions_.begin(), actions_.end());
+        actions_.clear();
+    }
+    for (auto& pa : todo) {
+        SlotActionResult r = do_slot_action(pa->action);
+        std::lock_guard<std::mutex> lock(mu_);
+        pa->result = r;
+        pa->done = true;
+    }
+    if (!todo.empty()) {
+        publish();
+        actions_cv_.notify_all();
+    }
+}
+
+// A slot file: "LLMSLOT1", the token count (int32), the tokens (int32 each), then the KV blob.
+SlotActionResult Scheduler::do_slot_action(const SlotAction& a) {
+    static const char kMagic[8] = {'L', 'L', 'M', 'S', 'L', 'O', 'T', '1'};
+    SlotActionResult r;
+    auto fail = [&](int status, const std::string& msg) {
+        r.status = status;
+        r.error = msg;
+        return r;
+    };
+    if (a.slot < 0 || a.slot >= (int)slots_.size()) return fail(400, "invalid slot id " + std::to_string(a.slot));
+    Slot& s = slots_[a.slot];
+    if (s.task) return fail(409, "slot " + std::to_string(a.slot) + " is processing a request");
+    const double t0 = now_seconds();
+    if (a.kind == SlotAction::Erase) {
+        r.n_tokens = (int)s.cache.size();
+        ctx_.seq_truncate(s.id, 0);
+        s.cache.clear();
+        s.target.clear();
+    } else if (a.kind == SlotAction::Save) {
+        std::vector<uint8_t> blob = ctx_.seq_save(s.id, (int)s.cache.size());
+        const int32_t n = (int32_t)s.cache.size();
+        std::ofstream f(a.path, std::ios::binary | std::ios::trunc);
+        f.write(kMagic, sizeof kMagic);
+        f.write(reinterpret_cast<const char*>(&n), sizeof n);
+        f.write(reinterpret_cast<const char*>(s.cache.data()), (std::streamsize)(n * sizeof(int32_t)));
+        f.write(reinterpret_cast<const char*>(blob.data()), (std::streamsize)blob.size());
+        if (!f.flush()) return fail(500, "cannot write the slot file");
+        r.n_tokens = n;
+        r.n_bytes = sizeof kMagic + sizeof n + n * sizeof(int32_t) + blob.size();
+    } else {
+        std::ifstream f(a.path, std::ios::binary);
+        if (!f) return fail(404, "slot file not found");
+        char magic[sizeof kMagic] = {};
+        int32_t n = -1;
+        f.read(magic, sizeof magic);
+        f.read(reinterpret_cast<char*>(&n), sizeof n);
+        if (!f || memcmp(magic, kMagic, sizeof magic) != 0 || n < 0 || n > n_ctx_slot_) return fail(400, "not a slot file of this server");
+        std::vector<int32_t> tokens(n);
+        f.read(reinterpret_cast<char*>(tokens.data()), (std::streamsize)(n * sizeof(int32_t)));
+        // The blob: exactly the size a sequence of n tokens has in this context (bounded before reading).
+        const size_t blob_size = sizeof(int32_t) + ctx_.kv_bytes_per_token() * (size_t)n;
+        std::vector<uint8_t> blob(blob_size);
+        f.read(reinterpret_cast<char*>(blob.data()), (std::streamsize)blob_size);
+        const bool trailing = f.peek() != std::char_traits<char>::eof();
+        if (!f || trailing) return fail(400, "the slot file does not fit this server's context");
+        for (int32_t t : tokens) {
+            if (t < 0 || t >= n_vocab_) return fail(400, "the slot file holds a token outside the vocabulary");
+        }
+        if (cfg_.kv_unified && n > pool_room() + (int)s.cache.size()) return fail(503, "the KV cache pool has no room for the slot file");
+        try {
+            ctx_.seq_restore(s.id, blob);
+        } catch (const llm::Error& e) {
+            s.cache.clear();
+            s.target.clear();
+            return fail(400, std::string("the slot file does not fit this server's context: ") + e.what());
+        }
+        s.cache = tokens;
+        s.target = tokens;
+        r.n_tokens = n;
+        r.n_bytes = sizeof kMagic + sizeof n + n * sizeof(int32_t) + blob_size;
+    }
+    r.ms = (now_seconds() - t0) * 1000;
+    s.last_used = ++use_clock_;
+    log_msg('I', "slot %d: %s %d tokens", s.id, a.kind == SlotAction::Save ? "saved" : a.kind == SlotAction::Restore ? "restored" : "erased",
+            r.n_tokens);
+    return r;
 }
 
 TokenProb Scheduler::token_prob(const float* logits, int32_t tok, const Slot& s) const {
@@ -343,7 +459,10 @@ bool Scheduler::step(llm::Batch& batch) {
         Slot& s = *pt.s;
         const size_t from = s.cache.size();
         s.cache.insert(s.cache.end(), s.target.begin() + from, s.target.begin() + from + pt.n);
-        if (!s.generating) s.n_prompt_evaluated += (int)pt.n;
+        if (!s.generating) {
+            s.n_prompt_evaluated += (int)pt.n;
+            if (s.task->p.return_progress) send_progress(s);
+        }
         if (pt.logits) on_logits(s, ctx_.logits(li++));
     }
     return true;
@@ -421,6 +540,7 @@ void Scheduler::publish() {
     std::lock_guard<std::mutex> lock(mu_);
     views_ = std::move(views);
     stats_.kv_tokens = kv;
+    for (const SlotView& v : views_) stats_.n_tokens_max = std::max<int64_t>(stats_.n_tokens_max, v.n_past);
 }
 
 void Scheduler::run() {
@@ -429,7 +549,7 @@ void Scheduler::run() {
         std::vector<std::pair<Slot*, std::unique_ptr<Task>>> starts;
         {
             std::unique_lock<std::mutex> lock(mu_);
-            cv_.wait(lock, [&] { return stop_ || !queue_.empty() || n_busy_ > 0; });
+            cv_.wait(lock, [&] { return stop_ || !queue_.empty() || n_busy_ > 0 || !actions_.empty(); });
             if (stop_) break;
             // Waiting requests go to idle slots in arrival order; cancelled ones are dropped.
             std::vector<bool> taken(slots_.size(), false);
@@ -443,6 +563,7 @@ void Scheduler::run() {
                 it = queue_.erase(it);
             }
         }
+        run_slot_actions();
         for (auto& st : starts) start_task(*st.first, std::move(st.second));
         for (Slot& s : slots_) {
             if (s.task && s.task->ch->cancelled) {
@@ -457,6 +578,13 @@ void Scheduler::run() {
         if (s.task) fail_slot(s, 503, "the server is shutting down");
     }
     std::lock_guard<std::mutex> lock(mu_);
+    for (auto& pa : actions_) {
+        pa->result.status = 503;
+        pa->result.error = "the server is shutting down";
+        pa->done = true;
+    }
+    actions_.clear();
+    actions_cv_.notify_all();
     for (auto& t : queue_) {
         Result r;
         r.kind = Result::Error;

@@ -43,6 +43,8 @@ namespace srv {
 struct TaskParams {
     int n_predict = -1, n_probs = 0, id_slot = -1, n_keep = 0;
     bool stream = false, cache_prompt = true, return_tokens = false, ignore_eos = false;
+    bool return_progress = false;      // Progress results while the prompt is evaluated
+    bool post_sampling_probs = false;  // n_probs as probabilities after the sampler (shaping only)
     std::vector<std::string> stop;
     llm::SamplerParams sampling;
 };
@@ -54,14 +56,14 @@ struct TokenProb {
     std::vector<std::pair<int32_t, float>> top;
 };
 
-// What the scheduler sends back: partial results (text as it becomes final) and one final result, or
-// an error.
+// What the scheduler sends back: partial results (text as it becomes final; with return_progress,
+// Progress while the prompt is read) and one final result, or an error.
 struct Result {
-    enum Kind { Partial, Final, Error } kind = Partial;
+    enum Kind { Partial, Progress, Final, Error } kind = Partial;
     std::string text;
     std::vector<int32_t> tokens;
     std::vector<TokenProb> probs;
-    // Final
+    // Partial, Progress and Final (Progress: n_prompt_evaluated counts the cached tokens too)
     int slot = -1, n_prompt = 0, n_prompt_evaluated = 0, n_cache_reused = 0, n_predicted = 0, n_cache = 0;
     std::string stop_type = "none", stopping_word;
     bool truncated = false;
@@ -120,7 +122,23 @@ struct SlotView {
 struct Stats {
     uint64_t prompt_tokens = 0, predicted_tokens = 0, n_decode = 0, n_busy_slots = 0, requests_done = 0;
     double prompt_s = 0, predicted_s = 0;
-    int64_t kv_tokens = 0;
+    int64_t kv_tokens = 0, n_tokens_max = 0;  // n_tokens_max: the most tokens a slot held so far
+};
+
+// /slots/{id}?action=...: what a slot's KV sequence is asked to do, on the scheduler thread.
+struct SlotAction {
+    enum Kind { Save, Restore, Erase } kind = Save;
+    int slot = 0;
+    std::string path;  // the file (Save, Restore), already confined to --slot-save-path
+};
+
+// What it did: tokens saved / restored / erased, file bytes, milliseconds; or an error.
+struct SlotActionResult {
+    int n_tokens = 0;
+    size_t n_bytes = 0;
+    double ms = 0;
+    int status = 200;
+    std::string error;
 };
 
 // The queue's state with the counters, read together.
@@ -145,6 +163,8 @@ public:
     // Queues a task; a 503 ApiError when --max-queue requests already wait for a slot.
     std::shared_ptr<Channel> submit(std::vector<int32_t> prompt, const TaskParams& p);
     void cancel(const std::shared_ptr<Channel>& ch);
+    // Runs a slot action between steps (the slot must be idle) and waits for it.
+    SlotActionResult slot_action(const SlotAction& a);
     std::vector<SlotView> slot_views() const;
     Load load() const;
     int n_slots() const { return cfg_.n_slots; }
@@ -168,6 +188,9 @@ private:
     int pool_room();
     bool make_room(size_t need);
     TokenProb token_prob(const float* logits, int32_t tok, const Slot& s) const;
+    void run_slot_actions();
+    SlotActionResult do_slot_action(const SlotAction& a);
+    void send_progress(Slot& s);
 
     const llm::Model& model_;
     llm::Context& ctx_;
@@ -182,6 +205,13 @@ private:
     int n_busy_ = 0;
     bool stop_ = false;
     std::vector<SlotView> views_;
+    struct PendingAction {
+        SlotAction action;
+        SlotActionResult result;
+        bool done = false;
+    };
+    std::deque<std::shared_ptr<PendingAction>> actions_;
+    std::condition_variable actions_cv_;
     Stats stats_;
 
     // Scheduler thread only.

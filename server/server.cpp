@@ -34,26 +34,49 @@ void check_server_options(const ServerOptions& so) {
     if (so.max_queue < 0 || so.shutdown_grace_s < 0 || so.timeout_s <= 0 || so.max_connections <= 0) {
         usage_error("--max-queue and --shutdown-grace must not be negative, --timeout and --max-connections must be positive");
     }
-    if (!so.chat_template.empty()) {
-        try {
-            llm::chat_family_from_name(so.chat_template);
-        } catch (const llm::Error&) {
-            std::string names;
-            for (const std::string& n : llm::chat_family_names()) names += " " + n;
-            usage_error("unknown --chat-template '" + so.chat_template + "'; known:" + names);
-        }
-    }
 }
 
-// --chat-template NAME, else the family recognized from --chat-template-file or the model's
-// tokenizer.chat_template (chatml when that is absent or not recognized).
-ChatTemplate choose_chat_template(const ServerOptions& so, const llm::Model& model) {
+// llama-server's built-in template names (llama_chat_apply_template's list).
+const char* const kLlamaTemplateNames[] = {
+    "bailing", "bailing-think", "bailing2", "chatglm3", "chatglm4", "chatml", "command-r", "deepseek", "deepseek-ocr", "deepseek2",
+    "deepseek3", "exaone-moe", "exaone3", "exaone4", "falcon3", "gemma", "gigachat", "glmedge", "gpt-oss", "granite", "granite-4.0",
+    "granite-4.1", "grok-2", "hunyuan-dense", "hunyuan-moe", "hunyuan-vl", "kimi-k2", "llama2", "llama2-sys", "llama2-sys-bos",
+    "llama2-sys-strip", "llama3", "llama4", "megrez", "minicpm", "mistral-v1", "mistral-v3", "mistral-v3-tekken", "mistral-v7",
+    "mistral-v7-tekken", "monarch", "openchat", "orion", "pangu-embedded", "phi3", "phi4", "rwkv-world", "seed_oss", "smolvlm",
+    "solar-open", "vicuna", "vicuna-orca", "yandex", "zephyr"};
+
+// --chat-template VALUE: one of our family names; else a llama-server built-in name this build does
+// not render (chatml, with a warning); else the text of a Jinja template, recognized like a file's.
+ChatTemplate template_from_flag(const std::string& value) {
     ChatTemplate chat;
-    if (!so.chat_template.empty()) {
-        chat.family = llm::chat_family_from_name(so.chat_template);  // checked at startup
+    try {
+        chat.family = llm::chat_family_from_name(value);
         log_msg('I', "chat template: %s (--chat-template)", llm::chat_family_name(chat.family).c_str());
         return chat;
+    } catch (const llm::Error&) {
     }
+    for (const char* name : kLlamaTemplateNames) {
+        if (value == name) {
+            log_msg('W', "chat template '%s' (a llama-server built-in) is not rendered by this build: using chatml", name);
+            return chat;
+        }
+    }
+    chat.source = value;
+    chat.family = llm::chat_detect_family(value);
+    if (chat.family == llm::ChatFamily::Unknown) {
+        log_msg('W', "--chat-template is not a known name and its Jinja text is not recognized: falling back to chatml");
+        chat.family = llm::ChatFamily::ChatML;
+    } else {
+        log_msg('I', "chat template: %s (recognized from the --chat-template text)", llm::chat_family_name(chat.family).c_str());
+    }
+    return chat;
+}
+
+// --chat-template, else the family recognized from --chat-template-file or the model's
+// tokenizer.chat_template (chatml when that is absent or not recognized).
+ChatTemplate choose_chat_template(const ServerOptions& so, const llm::Model& model) {
+    if (!so.chat_template.empty()) return template_from_flag(so.chat_template);
+    ChatTemplate chat;
     std::string from;
     if (!so.chat_template_file.empty()) {
         chat.source = read_file(so.chat_template_file);
@@ -128,6 +151,7 @@ int run_server(const Options& o) {
     ho.shutdown_grace_ms = so.shutdown_grace_s * 1000;
     ho.max_connections = so.max_connections;
     ho.server_name = "llm-server";
+    ho.cors_echo_origin = true;  // as llama-server: the Origin is reflected, credentials allowed
     http::Server srv(ho);
     Api api(o);
     api.install(srv);

@@ -14,9 +14,23 @@ namespace srv {
 
 namespace {
 std::mutex g_log_mu;
+int g_log_verbosity = 3;
+FILE* g_log_file = nullptr;
+
+int level_number(char level) { return level == 'E' ? 1 : level == 'W' ? 2 : level == 'I' ? 3 : 4; }
+}  // namespace
+
+void set_log_options(int verbosity, const std::string& file) {
+    g_log_verbosity = verbosity;
+    if (file.empty()) return;
+    g_log_file = fopen(file.c_str(), "a");
+    if (!g_log_file) throw std::runtime_error("cannot open --log-file " + file);
 }
 
+bool log_enabled(char level) { return level_number(level) <= g_log_verbosity; }
+
 void log_msg(char level, const char* fmt, ...) {
+    if (!log_enabled(level)) return;
     char msg[4096];
     va_list ap;
     va_start(ap, fmt);
@@ -29,8 +43,11 @@ void log_msg(char level, const char* fmt, ...) {
     char stamp[32];
     strftime(stamp, sizeof stamp, "%Y-%m-%dT%H:%M:%S", &t);
     std::lock_guard<std::mutex> lock(g_log_mu);
-    fprintf(stderr, "%s.%03dZ %c %s\n", stamp, (int)(ts.tv_nsec / 1000000), level, msg);
-    fflush(stderr);
+    for (FILE* f : {stderr, g_log_file}) {
+        if (!f) continue;
+        fprintf(f, "%s.%03dZ %c %s\n", stamp, (int)(ts.tv_nsec / 1000000), level, msg);
+        fflush(f);
+    }
 }
 
 double now_seconds() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
