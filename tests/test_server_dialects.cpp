@@ -370,6 +370,30 @@ TEST_CASE("server: /v1/responses answers as the chat endpoint does, whole and st
     CHECK(post(port, "/v1/responses", {{"instructions", "x"}}).status == 400);
 }
 
+TEST_CASE("server: the anthropic and openai SDKs get the chat endpoint's answer from /v1/messages and /v1/responses") {
+    const int port = dialect_server().port;
+    json ref = chat_reference(port, kConversation, 12);
+    const json& text = ref["choices"][0]["message"]["content"];
+    const char* stop_reason = ref["choices"][0]["finish_reason"] == "length" ? "max_tokens" : "end_turn";
+    std::string out;
+    const std::string cmd = "timeout 120 python3 tests/sdk_dialects.py http://127.0.0.1:" + std::to_string(port) + " 2>&1";
+    REQUIRE_MESSAGE(testutil::run(cmd, &out) == 0, out);
+    json sdk = json::parse(out);
+    CHECK(sdk["messages"]["text"] == text);
+    CHECK(sdk["messages"]["stop_reason"] == stop_reason);
+    CHECK(sdk["messages"]["output_tokens"] == ref["usage"]["completion_tokens"]);
+    CHECK(sdk["messages_stream"]["text"] == text);
+    CHECK(sdk["messages_stream"]["final_text"] == text);
+    CHECK(sdk["messages_stream"]["stop_reason"] == stop_reason);
+    CHECK(sdk["messages_stream"]["output_tokens"] == ref["usage"]["completion_tokens"]);
+    CHECK(sdk["count_tokens"] == ref["usage"]["prompt_tokens"]);
+    CHECK(sdk["responses"]["text"] == text);
+    CHECK(sdk["responses"]["status"] == "completed");
+    CHECK(sdk["responses"]["output_tokens"] == ref["usage"]["completion_tokens"]);
+    CHECK(sdk["responses_stream"]["text"] == text);
+    CHECK(sdk["responses_stream"]["final_text"] == text);
+}
+
 TEST_CASE("server: --no-webui turns the page off; with --api-key the page stays public") {
     ServerProcess off(server_cmd({"--no-webui"}));
     Reply r = get(off.port, "/");
