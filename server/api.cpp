@@ -1004,9 +1004,9 @@ void Api::install(http::Server& srv) {
         // The page is public (it asks for the key); so is /health.
         srv.set_auth([keys](const http::Request& r) { return r.path == "/health" || r.path == "/v1/health" || r.path == "/" || has_api_key(r, keys); });
     }
-    // While the model loads, everything but /health answers 503.
+    // While the model loads, everything but /health (and the page, which waits for /props) answers 503.
     srv.set_pre_route([this](const http::Request& r, http::Response& res) {
-        if (ready_.load() || r.path == "/health" || r.path == "/v1/health") return true;
+        if (ready_.load() || r.path == "/health" || r.path == "/v1/health" || r.path == "/") return true;
         res.set_error(503, "Loading model", "unavailable_error");
         return false;
     });

@@ -159,6 +159,18 @@ TEST_CASE("server: /infill builds llama-server's FIM prompt, token for token") {
         CHECK(infill.body["content"] == direct.body["content"]);
         CHECK(infill.body["tokens"] == direct.body["tokens"]);
         CHECK(infill.body["tokens_predicted"] == 8);
+
+        // Streamed, as /completion streams: the same text, the last event with stop: true, no [DONE].
+        json streamed = body;
+        streamed["stream"] = true;
+        Stream st = post_stream(port, "/infill", streamed);
+        REQUIRE(st.status == 200);
+        std::string text;
+        for (const json& e : st.events) text += e["content"].get<std::string>();
+        CHECK(text == infill.body["content"]);
+        REQUIRE(!st.events.empty());
+        CHECK(st.events.back()["stop"] == true);
+        CHECK_FALSE(st.done);
     }
 
     SUBCASE("prefix, suffix and extra context are cut to their shares of the batch and the slot") {
