@@ -563,159 +563,161 @@ json progress_json(const Result& r) {
 
 }  // namespace
 
+json Api::oai_base(const Generation& g, const char* object) const {
+    return json{{"id", g.id}, {"created", g.created}, {"model", model_id()}, {"system_fingerprint", "llm.hpp"}, {"object", object}};
+}
+
+// The whole answer of a non-streamed request: /completion's object (an array for several prompts),
+// or OpenAI's with one choice per prompt.
+json Api::whole_response(const Generation& g, const std::vector<Completion>& done) const {
+    if (g.kind == ApiKind::Anthropic) return anthropic_message(g.id, model_id(), done[0].content, done[0].final);
+    if (g.kind == ApiKind::Responses) return response_object(g.id, g.message_id, model_id(), done[0].content, done[0].final);
+    if (is_native(g.kind)) {
+        json j = json::array();
+        for (size_t i = 0; i < done.size(); i++) j.push_back(final_completion(done[i], g.p, g.prompts[i], (int)i));
+        return done.size() == 1 ? j[0] : j;
+    }
+    const bool chat = g.kind == ApiKind::OaiChat;
+    json j = oai_base(g, chat ? "chat.completion" : "text_completion");
+    j["choices"] = json::array();
+    int n_prompt = 0, n_predicted = 0, n_cached = 0;
+    for (size_t i = 0; i < done.size(); i++) {
+        const Result& r = done[i].final;
+        n_prompt += r.n_prompt;
+        n_predicted += r.n_predicted;
+        n_cached += r.n_cache_reused;
+        if (chat) {
+            j["choices"].push_back(json{{"finish_reason", finish_reason(r)}, {"index", i}, {"message", {{"role", "assistant"}, {"content", done[i].content}}}});
+        } else {
+            j["choices"].push_back(json{{"text", done[i].content}, {"index", i}, {"logprobs", nullptr}, {"finish_reason", finish_reason(r)}});
+        }
+    }
+    j["usage"] = usage_json(n_prompt, n_predicted, n_cached);
+    j["timings"] = timings_json(done[0].final);
+    return j;
+}
+
+// The server-sent events of one result of prompt `index`: /completion's, or OpenAI's chunks (the last
+// result gives a finish chunk, and with include_usage a chunk with no choices and the usage).
+std::string Api::stream_events(const Generation& g, const Result& r, int index) const {
+    const bool last = r.kind == Result::Final;
+    if (is_native(g.kind)) {
+        if (last) return sse(final_completion(Completion{r, r.text, r.tokens, r.probs}, g.p, g.prompts[index], index));
+        json j{{"index", index}, {"content", r.text}, {"tokens", r.tokens}, {"stop", false}, {"id_slot", r.slot},
+               {"tokens_predicted", r.n_predicted}, {"tokens_evaluated", r.n_prompt}};
+        if (r.kind == Result::Progress) j["prompt_progress"] = progress_json(r);
+        if (g.p.n_probs > 0 && r.kind == Result::Partial) j["completion_probabilities"] = probs_json(r.probs, g.p.post_sampling_probs);
+        return sse(j);
+    }
+    const bool chat = g.kind == ApiKind::OaiChat;
+    json j = oai_base(g, chat ? "chat.completion.chunk" : "text_completion");
+    auto choice = [&](const std::string& text, json finish) {
+        if (chat) return json{{"finish_reason", finish}, {"index", index}, {"delta", finish.is_null() ? json{{"content", text}} : json::object()}};
+        return json{{"text", text}, {"index", index}, {"logprobs", nullptr}, {"finish_reason", finish}};
+    };
+    if (r.kind == Result::Progress) {
+        j["choices"] = json::array({choice("", nullptr)});
+        j["prompt_progress"] = progress_json(r);
+        return sse(j);
+    }
+    std::string out;
+    if (!r.text.empty() || !last) {
+        j["choices"] = json::array({choice(r.text, nullptr)});
+        out += sse(j);
+    }
+    if (!last) return out;
+    j["choices"] = json::array({choice("", finish_reason(r))});
+    j["timings"] = timings_json(r);
+    const json usage = usage_json(r.n_prompt, r.n_predicted, r.n_cache_reused);
+    if (!g.include_usage) j["usage"] = usage;
+    out += sse(j);
+    if (g.include_usage) {
+        j.erase("timings");
+        j["choices"] = json::array();
+        j["usage"] = usage;
+        out += sse(j);
+    }
+    return out;
+}
+
+// Writes every task's results as they come (several prompts interleave); false when the client went away.
+bool Api::stream_all(const Generation& g, const std::vector<std::shared_ptr<Channel>>& chs, http::Writer& w) {
+    auto cancel_all = [&] { for (auto& ch : chs) sched_->cancel(ch); };
+    // Anthropic's and the Responses API's event sequences keep state across results (one prompt).
+    AnthropicStream anthropic(g.id, model_id(), (int)g.prompts[0].size());
+    ResponsesStream responses(g.id, g.message_id, model_id());
+    auto events = [&](const Result& r, int index) {
+        const bool last = r.kind == Result::Final;
+        if (g.kind == ApiKind::Anthropic) return last ? anthropic.final(r) : anthropic.partial(r);
+        if (g.kind == ApiKind::Responses) return last ? responses.final(r) : responses.partial(r);
+        return stream_events(g, r, index);
+    };
+    if (g.kind == ApiKind::OaiChat) {
+        json j = oai_base(g, "chat.completion.chunk");
+        j["choices"] = json::array({json{{"finish_reason", nullptr}, {"index", 0}, {"delta", {{"role", "assistant"}, {"content", nullptr}}}}});
+        if (!w.write(sse(j))) { cancel_all(); return false; }
+    }
+    std::vector<bool> finished(chs.size(), false);
+    size_t n_finished = 0;
+    while (n_finished < chs.size()) {
+        bool any = false;
+        for (size_t i = 0; i < chs.size(); i++) {
+            Result r;
+            if (finished[i] || !chs[i]->pop(r, chs.size() == 1 ? 100 : 5)) continue;
+            any = true;
+            if (r.kind == Result::Error) {
+                cancel_all();
+                json e = json::parse(http::error_json(r.status, r.message, r.err_type));
+                w.write(is_native(g.kind) ? "error: " + dump(e) + "\n\n" : g.kind == ApiKind::Anthropic ? AnthropicStream::error(e["error"]) : sse(e));
+                return true;
+            }
+            if (!w.write(events(r, (int)i))) { cancel_all(); return false; }
+            if (r.kind == Result::Final) { finished[i] = true; n_finished++; }
+        }
+        if (!any && !w.alive()) { cancel_all(); return false; }
+    }
+    // OpenAI's streams end with [DONE]; llama.cpp's, Anthropic's and the Responses API's do not.
+    const bool oai = g.kind == ApiKind::OaiCompletion || g.kind == ApiKind::OaiChat;
+    return !oai || w.write("data: [DONE]\n\n");
+}
+
 void Api::handle_generate(const http::Request& req, http::Response& res, ApiKind kind) {
     json b = parse_body(req.body);
     if (kind == ApiKind::Anthropic) b = anthropic_to_chat(b);
     if (kind == ApiKind::Responses) b = responses_to_chat(b);
-    TaskParams p = parse_params(b, kind);
-    std::vector<std::vector<int32_t>> prompts;
+    Generation g;
+    g.kind = kind;
+    g.p = parse_params(b, kind);
     if (is_chat(kind)) {
-        prompts.push_back(tokenize_prompt(render_chat(b)));
+        g.prompts.push_back(tokenize_prompt(render_chat(b)));
     } else if (kind == ApiKind::Infill) {
-        prompts.push_back(infill_prompt(b));
+        g.prompts.push_back(infill_prompt(b));
     } else {
         const json* pr = opt_field(b, "prompt");
         if (!pr) throw ApiError(400, "'prompt' is required");
-        prompts = parse_prompts(*pr);
+        g.prompts = parse_prompts(*pr);
     }
-    for (const auto& prompt : prompts) check_fits(prompt);
-    bool include_usage = false;
+    for (const auto& prompt : g.prompts) check_fits(prompt);
     if (const json* so = opt_field(b, "stream_options")) {
         if (!so->is_object()) bad_field("stream_options", "an object");
-        include_usage = get_bool(*so, "include_usage", false);
+        g.include_usage = get_bool(*so, "include_usage", false);
     }
-    std::vector<std::shared_ptr<Channel>> chs = submit_all(prompts, p);
-    auto cancel_all = [this, chs] { for (auto& ch : chs) sched_->cancel(ch); };
-
-    const std::string id = answer_id(kind);
-    const std::string message_id = random_id("msg_");  // the Responses API's output message
-    const int64_t created = (int64_t)time(nullptr);
-    const std::string model = model_id();
-    auto oai_base = [id, created, model](const char* object) {
-        return json{{"id", id}, {"created", created}, {"model", model}, {"system_fingerprint", "llm.hpp"}, {"object", object}};
-    };
-
-    if (!p.stream) {
-        std::vector<Completion> done;
-        try {
-            for (auto& ch : chs) done.push_back(collect(ch, req));
-        } catch (...) {
-            cancel_all();
-            throw;
-        }
-        json j;
-        if (kind == ApiKind::Anthropic) {
-            j = anthropic_message(id, model, done[0].content, done[0].final);
-        } else if (kind == ApiKind::Responses) {
-            j = response_object(id, message_id, model, done[0].content, done[0].final);
-        } else if (is_native(kind)) {
-            j = json::array();
-            for (size_t i = 0; i < done.size(); i++) j.push_back(final_completion(done[i], p, prompts[i], (int)i));
-            if (done.size() == 1) j = j[0];
-        } else {
-            j = oai_base(kind == ApiKind::OaiChat ? "chat.completion" : "text_completion");
-            j["choices"] = json::array();
-            int n_prompt = 0, n_predicted = 0, n_cached = 0;
-            for (size_t i = 0; i < done.size(); i++) {
-                const Result& r = done[i].final;
-                n_prompt += r.n_prompt;
-                n_predicted += r.n_predicted;
-                n_cached += r.n_cache_reused;
-                if (kind == ApiKind::OaiChat) {
-                    j["choices"].push_back(json{{"finish_reason", finish_reason(r)},
-                                                {"index", i},
-                                                {"message", {{"role", "assistant"}, {"content", done[i].content}}}});
-                } else {
-                    j["choices"].push_back(json{{"text", done[i].content}, {"index", i}, {"logprobs", nullptr}, {"finish_reason", finish_reason(r)}});
-                }
-            }
-            j["usage"] = usage_json(n_prompt, n_predicted, n_cached);
-            j["timings"] = timings_json(done[0].final);
-        }
-        res.set_json(dump(j));
+    g.id = answer_id(kind);
+    g.message_id = random_id("msg_");
+    g.created = (int64_t)time(nullptr);
+    std::vector<std::shared_ptr<Channel>> chs = submit_all(g.prompts, g.p);
+    if (g.p.stream) {
+        res.stream([this, g, chs](http::Writer& w) { return stream_all(g, chs, w); });
         return;
     }
-
-    // The event sequences of the other dialects keep state across results.
-    auto anthropic = kind == ApiKind::Anthropic ? std::make_shared<AnthropicStream>(id, model, (int)prompts[0].size()) : nullptr;
-    auto responses = kind == ApiKind::Responses ? std::make_shared<ResponsesStream>(id, message_id, model) : nullptr;
-    res.stream([=](http::Writer& w) {
-        // One event (or two: a finish chunk, then the usage chunk) per result of prompt `index`.
-        auto events = [&](const Result& r, int index) -> std::string {
-            const bool last = r.kind == Result::Final;
-            if (kind == ApiKind::Anthropic) return last ? anthropic->final(r) : anthropic->partial(r);
-            if (kind == ApiKind::Responses) return last ? responses->final(r) : responses->partial(r);
-            if (is_native(kind)) {
-                if (last) {
-                    Completion c{r, r.text, r.tokens, r.probs};
-                    return sse(final_completion(c, p, prompts[index], index));
-                }
-                json j{{"index", index}, {"content", r.text}, {"tokens", r.tokens}, {"stop", false}, {"id_slot", r.slot},
-                       {"tokens_predicted", r.n_predicted}, {"tokens_evaluated", r.n_prompt}};
-                if (r.kind == Result::Progress) j["prompt_progress"] = progress_json(r);
-                if (p.n_probs > 0 && r.kind == Result::Partial) j["completion_probabilities"] = probs_json(r.probs, p.post_sampling_probs);
-                return sse(j);
-            }
-            const bool chat = kind == ApiKind::OaiChat;
-            json j = oai_base(chat ? "chat.completion.chunk" : "text_completion");
-            auto choice = [&](const std::string& text, json finish) {
-                if (chat) return json{{"finish_reason", finish}, {"index", index}, {"delta", text.empty() && !finish.is_null() ? json::object() : json{{"content", text}}}};
-                return json{{"text", text}, {"index", index}, {"logprobs", nullptr}, {"finish_reason", finish}};
-            };
-            if (r.kind == Result::Progress) {
-                j["choices"] = json::array({choice("", nullptr)});
-                j["prompt_progress"] = progress_json(r);
-                return sse(j);
-            }
-            std::string out;
-            if (!r.text.empty() || !last) {
-                j["choices"] = json::array({choice(r.text, nullptr)});
-                out += sse(j);
-            }
-            if (last) {
-                j["choices"] = json::array({choice("", finish_reason(r))});
-                j["timings"] = timings_json(r);
-                const json usage = usage_json(r.n_prompt, r.n_predicted, r.n_cache_reused);
-                if (!include_usage) j["usage"] = usage;
-                out += sse(j);
-                if (include_usage) {  // OpenAI's stream_options: a last chunk with no choices and the usage
-                    j.erase("timings");
-                    j["choices"] = json::array();
-                    j["usage"] = usage;
-                    out += sse(j);
-                }
-            }
-            return out;
-        };
-        if (kind == ApiKind::OaiChat) {
-            json j = oai_base("chat.completion.chunk");
-            j["choices"] = json::array({json{{"finish_reason", nullptr}, {"index", 0}, {"delta", {{"role", "assistant"}, {"content", nullptr}}}}});
-            if (!w.write(sse(j))) { cancel_all(); return false; }
-        }
-        std::vector<bool> finished(chs.size(), false);
-        size_t n_finished = 0;
-        while (n_finished < chs.size()) {
-            bool any = false;
-            for (size_t i = 0; i < chs.size(); i++) {
-                Result r;
-                if (finished[i] || !chs[i]->pop(r, chs.size() == 1 ? 100 : 5)) continue;
-                any = true;
-                if (r.kind == Result::Error) {
-                    cancel_all();
-                    json e = json::parse(http::error_json(r.status, r.message, r.err_type));
-                    w.write(is_native(kind) ? "error: " + dump(e) + "\n\n" : kind == ApiKind::Anthropic ? AnthropicStream::error(e["error"]) : sse(e));
-                    return true;
-                }
-                if (!w.write(events(r, (int)i))) { cancel_all(); return false; }
-                if (r.kind == Result::Final) { finished[i] = true; n_finished++; }
-            }
-            if (!any && !w.alive()) { cancel_all(); return false; }
-        }
-        // OpenAI's streams end with [DONE]; llama.cpp's, Anthropic's and the Responses API's do not.
-        const bool oai = kind == ApiKind::OaiCompletion || kind == ApiKind::OaiChat;
-        if (oai && !w.write("data: [DONE]\n\n")) return false;
-        return true;
-    });
+    std::vector<Completion> done;
+    try {
+        for (auto& ch : chs) done.push_back(collect(ch, req));
+    } catch (...) {
+        for (auto& ch : chs) sched_->cancel(ch);
+        throw;
+    }
+    res.set_json(dump(whole_response(g, done)));
 }
 
 void Api::handle_tokenize(const http::Request& req, http::Response& res) {
@@ -849,29 +851,31 @@ void Api::handle_slot_action(const http::Request& req, http::Response& res, int 
     const std::string action = req.param("action");
     SlotAction a;
     a.slot = slot;
+    std::string name;
     if (action == "erase") {
         a.kind = SlotAction::Erase;
     } else if (action == "save" || action == "restore") {
         if (o_.srv.slot_save_path.empty()) throw ApiError(501, "slot save/restore needs --slot-save-path", "not_supported_error");
-        json b = parse_body(req.body);
-        const std::string name = get_str(b, "filename", "");
+        name = get_str(parse_body(req.body), "filename", "");
         if (!valid_slot_filename(name)) throw ApiError(400, "Invalid filename");
         a.kind = action == "save" ? SlotAction::Save : SlotAction::Restore;
         a.path = o_.srv.slot_save_path + "/" + name;
-        const SlotActionResult r = sched_->slot_action(a);
-        if (r.status != 200) throw ApiError(r.status, r.error);
-        if (a.kind == SlotAction::Save) {
-            res.set_json(dump(json{{"id_slot", slot}, {"filename", name}, {"n_saved", r.n_tokens}, {"n_written", r.n_bytes}, {"timings", {{"save_ms", r.ms}}}}));
-        } else {
-            res.set_json(dump(json{{"id_slot", slot}, {"filename", name}, {"n_restored", r.n_tokens}, {"n_read", r.n_bytes}, {"timings", {{"restore_ms", r.ms}}}}));
-        }
-        return;
     } else {
         throw ApiError(400, "Invalid action: '" + action + "' (save, restore or erase)");
     }
     const SlotActionResult r = sched_->slot_action(a);
     if (r.status != 200) throw ApiError(r.status, r.error);
-    res.set_json(dump(json{{"id_slot", slot}, {"n_erased", r.n_tokens}}));
+    json j{{"id_slot", slot}};
+    if (a.kind == SlotAction::Erase) {
+        j["n_erased"] = r.n_tokens;
+    } else {
+        const bool save = a.kind == SlotAction::Save;
+        j["filename"] = name;
+        j[save ? "n_saved" : "n_restored"] = r.n_tokens;
+        j[save ? "n_written" : "n_read"] = r.n_bytes;
+        j["timings"] = {{save ? "save_ms" : "restore_ms", r.ms}};
+    }
+    res.set_json(dump(j));
 }
 
 void Api::handle_metrics(http::Response& res) {
@@ -949,6 +953,11 @@ bool has_api_key(const http::Request& r, const std::vector<std::string>& keys) {
 }  // namespace
 
 void Api::install(http::Server& srv) {
+    // Every path under --api-prefix (default: the root).
+    const std::string prefix = o_.srv.api_prefix;
+    auto route = [&](const char* method, const std::string& path, http::Server::Handler h) { srv.route(method, prefix + path, std::move(h)); };
+    auto is_health = [prefix](const std::string& path) { return path == prefix + "/health" || path == prefix + "/v1/health"; };
+    auto is_page = [prefix](const std::string& path) { return path == prefix + "/"; };
     // Errors a handler raises become OpenAI-style error bodies; the server keeps serving.
     auto wrap = [](std::function<void(const http::Request&, http::Response&)> fn) {
         return [fn](const http::Request& req, http::Response& res) {
@@ -969,49 +978,55 @@ void Api::install(http::Server& srv) {
         if (ready_.load()) res.set_json("{\"status\":\"ok\"}");
         else res.set_error(503, "Loading model", "unavailable_error");
     };
-    srv.route("GET", "/health", health);
-    srv.route("GET", "/v1/health", health);
+    route("GET", "/health", health);
+    route("GET", "/v1/health", health);
     auto gen = [&](ApiKind k) { return wrap([this, k](const http::Request& q, http::Response& r) { handle_generate(q, r, k); }); };
-    for (const char* p : {"/completion", "/completions"}) srv.route("POST", p, gen(ApiKind::Completion));
-    srv.route("POST", "/v1/completions", gen(ApiKind::OaiCompletion));
-    for (const char* p : {"/chat/completions", "/v1/chat/completions"}) srv.route("POST", p, gen(ApiKind::OaiChat));
-    srv.route("POST", "/infill", gen(ApiKind::Infill));
-    srv.route("POST", "/v1/messages", gen(ApiKind::Anthropic));
-    srv.route("POST", "/v1/messages/count_tokens", wrap([this](const http::Request& q, http::Response& r) { handle_count_tokens(q, r); }));
-    srv.route("POST", "/v1/responses", gen(ApiKind::Responses));
+    for (const char* p : {"/completion", "/completions"}) route("POST", p, gen(ApiKind::Completion));
+    route("POST", "/v1/completions", gen(ApiKind::OaiCompletion));
+    for (const char* p : {"/chat/completions", "/v1/chat/completions"}) route("POST", p, gen(ApiKind::OaiChat));
+    route("POST", "/infill", gen(ApiKind::Infill));
+    route("POST", "/v1/messages", gen(ApiKind::Anthropic));
+    route("POST", "/v1/messages/count_tokens", wrap([this](const http::Request& q, http::Response& r) { handle_count_tokens(q, r); }));
+    route("POST", "/v1/responses", gen(ApiKind::Responses));
     if (o_.srv.webui) {  // off: / is a 404 like any unknown path, as llama-server's --no-webui
-        srv.route("GET", "/", [](const http::Request&, http::Response& r) {
+        route("GET", "/", [](const http::Request&, http::Response& r) {
             r.set_content(std::string((const char*)webui_html, webui_html_size), "text/html; charset=utf-8");
         });
     }
     for (const char* p : {"/chat/completions/input_tokens", "/v1/chat/completions/input_tokens"}) {
-        srv.route("POST", p, wrap([this](const http::Request& q, http::Response& r) { handle_input_tokens(q, r); }));
+        route("POST", p, wrap([this](const http::Request& q, http::Response& r) { handle_input_tokens(q, r); }));
     }
-    srv.route("POST", "/tokenize", wrap([this](const http::Request& q, http::Response& r) { handle_tokenize(q, r); }));
-    srv.route("POST", "/detokenize", wrap([this](const http::Request& q, http::Response& r) { handle_detokenize(q, r); }));
-    srv.route("POST", "/apply-template", wrap([this](const http::Request& q, http::Response& r) { handle_apply_template(q, r); }));
-    srv.route("GET", "/props", wrap([this](const http::Request&, http::Response& r) { handle_props(r); }));
-    srv.route("POST", "/props", wrap([this](const http::Request& q, http::Response& r) { handle_props_post(q, r); }));
-    srv.route("GET", "/slots", wrap([this](const http::Request& q, http::Response& r) { handle_slots(q, r); }));
+    route("POST", "/tokenize", wrap([this](const http::Request& q, http::Response& r) { handle_tokenize(q, r); }));
+    route("POST", "/detokenize", wrap([this](const http::Request& q, http::Response& r) { handle_detokenize(q, r); }));
+    route("POST", "/apply-template", wrap([this](const http::Request& q, http::Response& r) { handle_apply_template(q, r); }));
+    route("GET", "/props", wrap([this](const http::Request&, http::Response& r) { handle_props(r); }));
+    route("POST", "/props", wrap([this](const http::Request& q, http::Response& r) { handle_props_post(q, r); }));
+    route("GET", "/slots", wrap([this](const http::Request& q, http::Response& r) { handle_slots(q, r); }));
     for (int i = 0; i < o_.n_parallel; i++) {
-        srv.route("POST", "/slots/" + std::to_string(i), wrap([this, i](const http::Request& q, http::Response& r) { handle_slot_action(q, r, i); }));
+        route("POST", "/slots/" + std::to_string(i), wrap([this, i](const http::Request& q, http::Response& r) { handle_slot_action(q, r, i); }));
     }
-    srv.route("GET", "/metrics", wrap([this](const http::Request&, http::Response& r) { handle_metrics(r); }));
-    for (const char* p : {"/models", "/v1/models"}) srv.route("GET", p, wrap([this](const http::Request&, http::Response& r) { handle_models(r); }));
+    // No embedding model is ever loaded here: llama-server's answer without --embeddings.
+    for (const char* p : {"/embedding", "/embeddings", "/v1/embeddings"}) {
+        route("POST", p, wrap([](const http::Request&, http::Response&) {
+            throw ApiError(501, "This server does not support embeddings. Start it with `--embeddings`", "not_supported_error");
+        }));
+    }
+    route("GET", "/metrics", wrap([this](const http::Request&, http::Response& r) { handle_metrics(r); }));
+    for (const char* p : {"/models", "/v1/models"}) route("GET", p, wrap([this](const http::Request&, http::Response& r) { handle_models(r); }));
 
     if (!o_.srv.api_keys.empty()) {
         const std::vector<std::string> keys = o_.srv.api_keys;
-        // The page is public (it asks for the key); so is /health.
-        srv.set_auth([keys](const http::Request& r) { return r.path == "/health" || r.path == "/v1/health" || r.path == "/" || has_api_key(r, keys); });
+        // The page is public (it asks for the key), as /health is.
+        srv.set_auth([keys, is_health, is_page](const http::Request& r) { return is_health(r.path) || is_page(r.path) || has_api_key(r, keys); });
     }
     // While the model loads, everything but /health (and the page, which waits for /props) answers 503.
-    srv.set_pre_route([this](const http::Request& r, http::Response& res) {
-        if (ready_.load() || r.path == "/health" || r.path == "/v1/health" || r.path == "/") return true;
+    srv.set_pre_route([this, is_health, is_page](const http::Request& r, http::Response& res) {
+        if (ready_.load() || is_health(r.path) || is_page(r.path)) return true;
         res.set_error(503, "Loading model", "unavailable_error");
         return false;
     });
-    srv.set_logger([](const http::Request& r, const http::Response& res) {
-        if (res.status == 200 && (r.path == "/health" || r.path == "/v1/health")) return;
+    srv.set_logger([is_health](const http::Request& r, const http::Response& res) {
+        if (res.status == 200 && is_health(r.path)) return;
         log_msg('I', "http: %s:%d %s %s -> %d", r.remote_addr.c_str(), r.remote_port, r.method.c_str(), r.path.c_str(), res.status);
         if (log_enabled('D') && !r.body.empty()) log_msg('D', "http: request body: %.2000s", r.body.c_str());
     });

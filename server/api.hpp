@@ -41,6 +41,16 @@ private:
     using json = nlohmann::json;
     static constexpr size_t kMaxPrompts = 64;  // prompts in one /completion request
 
+    // A generation request, parsed.
+    struct Generation {
+        ApiKind kind = ApiKind::Completion;
+        TaskParams p;
+        std::vector<std::vector<int32_t>> prompts;
+        bool include_usage = false;  // stream_options.include_usage
+        std::string id;              // the answer's id (chatcmpl-..., cmpl-..., msg_..., resp_...)
+        std::string message_id;      // the Responses API's output message
+        int64_t created = 0;
+    };
     // One task's results, drained.
     struct Completion {
         Result final;
@@ -79,6 +89,10 @@ private:
     json timings_json(const Result& r) const;
     json probs_json(const std::vector<TokenProb>& probs, bool post_sampling) const;
     json final_completion(const Completion& c, const TaskParams& p, const std::vector<int32_t>& prompt, int index) const;
+    json oai_base(const Generation& g, const char* object) const;
+    json whole_response(const Generation& g, const std::vector<Completion>& done) const;
+    std::string stream_events(const Generation& g, const Result& r, int index) const;
+    bool stream_all(const Generation& g, const std::vector<std::shared_ptr<Channel>>& chs, http::Writer& w);
 
     const Options& o_;
     const int64_t created_;

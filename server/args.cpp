@@ -355,7 +355,11 @@ const std::vector<Flag>& flags() {
          [](Options& o, const Arg& a) { o.srv.port = a.to_int(); }},
         {{"--reuse-port"}, {}, "LLAMA_ARG_REUSE_PORT", nullptr, G::Server, "share the port with other sockets", note("the port is bound once, with SO_REUSEADDR (ignored)")},
         {{"--path"}, {}, "LLAMA_ARG_STATIC_PATH", "PATH", G::Server, "static files to serve", note("no static files are served from disk (ignored)", 'W')},
-        {{"--api-prefix"}, {}, "LLAMA_ARG_API_PREFIX", "PREFIX", G::Server, "prefix path of the API", note("the API is served at the root (ignored)", 'W')},
+        {{"--api-prefix"}, {}, "LLAMA_ARG_API_PREFIX", "PREFIX", G::Server, "path prefix of every endpoint, without the trailing slash (default: none)",
+         [](Options& o, const Arg& a) {
+             if (!a.value.empty() && (a.value[0] != '/' || a.value.back() == '/')) usage_error("--api-prefix must start with '/' and not end with one");
+             o.srv.api_prefix = a.value;
+         }},
         {{"--webui-config", "--ui-config"}, {}, "LLAMA_ARG_UI_CONFIG", "JSON", G::Server, "default web UI settings", note("the web page has no settings (ignored)")},
         {{"--webui-config-file", "--ui-config-file"}, {}, "LLAMA_ARG_UI_CONFIG_FILE", "PATH", G::Server, "default web UI settings file",
          note("the web page has no settings (ignored)")},

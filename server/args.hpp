@@ -14,7 +14,7 @@ namespace srv {
 
 // Flags of the HTTP server mode.
 struct ServerOptions {
-    std::string host = "127.0.0.1", chat_template, chat_template_file, chat_template_kwargs, slot_save_path;
+    std::string host = "127.0.0.1", chat_template, chat_template_file, chat_template_kwargs, slot_save_path, api_prefix;
     std::vector<std::string> api_keys, aliases, tags;
     int port = 8080, n_ubatch = 512, max_queue = 64, timeout_s = 600, shutdown_grace_s = 10, n_keep = 0;
     int cache_ram_mib = 8192, max_connections = 64;

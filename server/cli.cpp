@@ -112,14 +112,23 @@ int run_complete(const Options& o, const llm::Model& m) {
     const int limit = o.n_predict < 0 ? ctx.n_ctx_seq() - pos : std::min(o.n_predict, ctx.n_ctx_seq() - pos);
     double t1 = now_seconds();
     llm::Batch batch;
+    std::string generated;  // for -r / --reverse-prompt: generation stops once one appears in it
+    auto at_reverse_prompt = [&](size_t before) {
+        return std::any_of(o.reverse_prompts.begin(), o.reverse_prompts.end(), [&](const std::string& r) {
+            return generated.find(r, before > r.size() ? before - r.size() : 0) != std::string::npos;
+        });
+    };
     while (n_gen < limit) {
         int32_t tok = sampler.sample(ctx.logits(0), m.hp.n_vocab);
         sampler.accept(tok);
         n_gen++;
-        if (m.vocab.is_eog(tok)) break;
-        fputs(m.vocab.token_to_piece(tok, false).c_str(), stdout);
+        if (m.vocab.is_eog(tok) && !o.ignore_eos) break;
+        const std::string piece = m.vocab.token_to_piece(tok, false);
+        fputs(piece.c_str(), stdout);
         fflush(stdout);
-        if (n_gen == limit) break;
+        const size_t before = generated.size();
+        generated += piece;
+        if (n_gen == limit || at_reverse_prompt(before)) break;
         batch.clear();
         batch.add(tok, pos++, 0, true);
         ctx.decode(batch);

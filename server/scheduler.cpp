@@ -239,71 +239,90 @@ void Scheduler::run_slot_actions() {
     }
 }
 
+namespace {
+
 // A slot file: "LLMSLOT1", the token count (int32), the tokens (int32 each), then the KV blob.
-SlotActionResult Scheduler::do_slot_action(const SlotAction& a) {
-    static const char kMagic[8] = {'L', 'L', 'M', 'S', 'L', 'O', 'T', '1'};
+const char kSlotMagic[8] = {'L', 'L', 'M', 'S', 'L', 'O', 'T', '1'};
+
+SlotActionResult action_error(int status, const std::string& msg) {
     SlotActionResult r;
-    auto fail = [&](int status, const std::string& msg) {
-        r.status = status;
-        r.error = msg;
-        return r;
-    };
-    if (a.slot < 0 || a.slot >= (int)slots_.size()) return fail(400, "invalid slot id " + std::to_string(a.slot));
+    r.status = status;
+    r.error = msg;
+    return r;
+}
+
+}  // namespace
+
+SlotActionResult Scheduler::do_slot_action(const SlotAction& a) {
+    if (a.slot < 0 || a.slot >= (int)slots_.size()) return action_error(400, "invalid slot id " + std::to_string(a.slot));
     Slot& s = slots_[a.slot];
-    if (s.task) return fail(409, "slot " + std::to_string(a.slot) + " is processing a request");
+    if (s.task) return action_error(409, "slot " + std::to_string(a.slot) + " is processing a request");
     const double t0 = now_seconds();
+    SlotActionResult r;
     if (a.kind == SlotAction::Erase) {
         r.n_tokens = (int)s.cache.size();
         ctx_.seq_truncate(s.id, 0);
         s.cache.clear();
         s.target.clear();
-    } else if (a.kind == SlotAction::Save) {
-        std::vector<uint8_t> blob = ctx_.seq_save(s.id, (int)s.cache.size());
-        const int32_t n = (int32_t)s.cache.size();
-        std::ofstream f(a.path, std::ios::binary | std::ios::trunc);
-        f.write(kMagic, sizeof kMagic);
-        f.write(reinterpret_cast<const char*>(&n), sizeof n);
-        f.write(reinterpret_cast<const char*>(s.cache.data()), (std::streamsize)(n * sizeof(int32_t)));
-        f.write(reinterpret_cast<const char*>(blob.data()), (std::streamsize)blob.size());
-        if (!f.flush()) return fail(500, "cannot write the slot file");
-        r.n_tokens = n;
-        r.n_bytes = sizeof kMagic + sizeof n + n * sizeof(int32_t) + blob.size();
     } else {
-        std::ifstream f(a.path, std::ios::binary);
-        if (!f) return fail(404, "slot file not found");
-        char magic[sizeof kMagic] = {};
-        int32_t n = -1;
-        f.read(magic, sizeof magic);
-        f.read(reinterpret_cast<char*>(&n), sizeof n);
-        if (!f || memcmp(magic, kMagic, sizeof magic) != 0 || n < 0 || n > n_ctx_slot_) return fail(400, "not a slot file of this server");
-        std::vector<int32_t> tokens(n);
-        f.read(reinterpret_cast<char*>(tokens.data()), (std::streamsize)(n * sizeof(int32_t)));
-        // The blob: exactly the size a sequence of n tokens has in this context (bounded before reading).
-        const size_t blob_size = sizeof(int32_t) + ctx_.kv_bytes_per_token() * (size_t)n;
-        std::vector<uint8_t> blob(blob_size);
-        f.read(reinterpret_cast<char*>(blob.data()), (std::streamsize)blob_size);
-        const bool trailing = f.peek() != std::char_traits<char>::eof();
-        if (!f || trailing) return fail(400, "the slot file does not fit this server's context");
-        for (int32_t t : tokens) {
-            if (t < 0 || t >= n_vocab_) return fail(400, "the slot file holds a token outside the vocabulary");
-        }
-        if (cfg_.kv_unified && n > pool_room() + (int)s.cache.size()) return fail(503, "the KV cache pool has no room for the slot file");
-        try {
-            ctx_.seq_restore(s.id, blob);
-        } catch (const llm::Error& e) {
-            s.cache.clear();
-            s.target.clear();
-            return fail(400, std::string("the slot file does not fit this server's context: ") + e.what());
-        }
-        s.cache = tokens;
-        s.target = tokens;
-        r.n_tokens = n;
-        r.n_bytes = sizeof kMagic + sizeof n + n * sizeof(int32_t) + blob_size;
+        r = a.kind == SlotAction::Save ? save_slot(s, a.path) : restore_slot(s, a.path);
+        if (r.status != 200) return r;
     }
     r.ms = (now_seconds() - t0) * 1000;
     s.last_used = ++use_clock_;
     log_msg('I', "slot %d: %s %d tokens", s.id, a.kind == SlotAction::Save ? "saved" : a.kind == SlotAction::Restore ? "restored" : "erased",
             r.n_tokens);
+    return r;
+}
+
+SlotActionResult Scheduler::save_slot(Slot& s, const std::string& path) {
+    std::vector<uint8_t> blob = ctx_.seq_save(s.id, (int)s.cache.size());
+    const int32_t n = (int32_t)s.cache.size();
+    std::ofstream f(path, std::ios::binary | std::ios::trunc);
+    f.write(kSlotMagic, sizeof kSlotMagic);
+    f.write(reinterpret_cast<const char*>(&n), sizeof n);
+    f.write(reinterpret_cast<const char*>(s.cache.data()), (std::streamsize)(n * sizeof(int32_t)));
+    f.write(reinterpret_cast<const char*>(blob.data()), (std::streamsize)blob.size());
+    if (!f.flush()) return action_error(500, "cannot write the slot file");
+    SlotActionResult r;
+    r.n_tokens = n;
+    r.n_bytes = sizeof kSlotMagic + sizeof n + n * sizeof(int32_t) + blob.size();
+    return r;
+}
+
+// Reads only what a sequence of the file's token count takes in this context, and checks it all
+// before the slot's cache is replaced.
+SlotActionResult Scheduler::restore_slot(Slot& s, const std::string& path) {
+    std::ifstream f(path, std::ios::binary);
+    if (!f) return action_error(404, "slot file not found");
+    char magic[sizeof kSlotMagic] = {};
+    int32_t n = -1;
+    f.read(magic, sizeof magic);
+    f.read(reinterpret_cast<char*>(&n), sizeof n);
+    if (!f || memcmp(magic, kSlotMagic, sizeof magic) != 0 || n < 0 || n > n_ctx_slot_) return action_error(400, "not a slot file of this server");
+    std::vector<int32_t> tokens(n);
+    f.read(reinterpret_cast<char*>(tokens.data()), (std::streamsize)(n * sizeof(int32_t)));
+    const size_t blob_size = sizeof(int32_t) + ctx_.kv_bytes_per_token() * (size_t)n;
+    std::vector<uint8_t> blob(blob_size);
+    f.read(reinterpret_cast<char*>(blob.data()), (std::streamsize)blob_size);
+    const bool trailing = f.peek() != std::char_traits<char>::eof();
+    if (!f || trailing) return action_error(400, "the slot file does not fit this server's context");
+    for (int32_t t : tokens) {
+        if (t < 0 || t >= n_vocab_) return action_error(400, "the slot file holds a token outside the vocabulary");
+    }
+    if (cfg_.kv_unified && n > pool_room() + (int)s.cache.size()) return action_error(503, "the KV cache pool has no room for the slot file");
+    try {
+        ctx_.seq_restore(s.id, blob);
+    } catch (const llm::Error& e) {  // the sequence is empty now
+        s.cache.clear();
+        s.target.clear();
+        return action_error(400, std::string("the slot file does not fit this server's context: ") + e.what());
+    }
+    s.cache = tokens;
+    s.target = tokens;
+    SlotActionResult r;
+    r.n_tokens = n;
+    r.n_bytes = sizeof kSlotMagic + sizeof n + n * sizeof(int32_t) + blob_size;
     return r;
 }
 

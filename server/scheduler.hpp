@@ -190,6 +190,8 @@ private:
     TokenProb token_prob(const float* logits, int32_t tok, const Slot& s) const;
     void run_slot_actions();
     SlotActionResult do_slot_action(const SlotAction& a);
+    SlotActionResult save_slot(Slot& s, const std::string& path);
+    SlotActionResult restore_slot(Slot& s, const std::string& path);
     void send_progress(Slot& s);
 
     const llm::Model& model_;
