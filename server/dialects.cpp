@@ -96,73 +96,86 @@ void convert_anthropic_blocks(const std::string& role, const json& content, json
     for (json& t : tool_results) out.push_back(std::move(t));
 }
 
-// Responses input items as chat messages (llama-server's conversion): input messages, assistant
-// output messages (merged into a preceding assistant message), function calls and their outputs,
-// reasoning.
+// An input message's content parts (input_text, input_image) as chat content parts.
+json input_parts(const json& content) {
+    json parts = json::array();
+    for (const json& part : content) {
+        require_object(part, "a content part");
+        const std::string type = text_field(part, "type");
+        if (type == "input_text") {
+            if (!part.contains("text")) throw ApiError(400, "'Input text' requires 'text'");
+            parts.push_back({{"type", "text"}, {"text", text_field(part, "text")}});
+        } else if (type == "input_image") {
+            if (!part.contains("image_url")) throw ApiError(400, "'image_url' is required");
+            parts.push_back({{"type", "image_url"}, {"image_url", {{"url", part["image_url"]}}}});
+        } else if (type == "input_file") {
+            throw ApiError(400, "'input_file' is not supported by llamacpp at this moment");
+        } else {
+            throw ApiError(400, "'type' must be one of 'input_text', 'input_image', or 'input_file'");
+        }
+    }
+    return parts;
+}
+
+// An assistant output message's output_text parts as chat content parts.
+json output_parts(const json& content) {
+    json parts = json::array();
+    for (const json& part : content) {
+        require_object(part, "a content part");
+        if (text_field(part, "type") != "output_text") throw ApiError(400, "'type' must be 'output_text'");
+        if (!part.contains("text") || !part["text"].is_string()) throw ApiError(400, "'Output text' requires 'text'");
+        parts.push_back({{"type", "text"}, {"text", part["text"]}});
+    }
+    return parts;
+}
+
+// The assistant turn an output item belongs to: the last message if it is the assistant's (output
+// messages, function calls and reasoning of one turn merge), else a new one.
+json& assistant_turn(json& messages) {
+    if (messages.empty() || messages.back().value("role", "") != "assistant") messages.push_back({{"role", "assistant"}});
+    return messages.back();
+}
+
+// A function call's output as a "tool" message (a string, or input_text parts).
+json tool_output_message(const json& item) {
+    json output = item.value("output", json(""));
+    if (output.is_array()) {
+        for (json& o : output) {
+            if (!o.is_object() || text_field(o, "type") != "input_text") throw ApiError(400, "Output of tool call should be 'Input text'");
+            o["type"] = "text";
+        }
+    } else if (!output.is_string()) {
+        throw ApiError(400, "'output' must be a string or an array of 'input_text' parts");
+    }
+    return json{{"role", "tool"}, {"tool_call_id", text_field(item, "call_id")}, {"content", output}};
+}
+
+// One Responses input item as chat messages (llama-server's conversion): an input message, an assistant
+// output message, a function call or its output, reasoning.
 void convert_response_item(json item, json& messages) {
     require_object(item, "an input item");
-    const bool merge = !messages.empty() && messages.back().value("role", "") == "assistant";
-    const std::string type = text_field(item, "type"), role = item.contains("role") ? text_field(item, "role") : "";
+    const std::string type = text_field(item, "type"), role = text_field(item, "role");
     if (item.contains("content") && item["content"].is_string()) {
         item["content"] = json::array({{{"type", "input_text"}, {"text", item["content"]}}});
     }
     const bool has_content = item.contains("content") && item["content"].is_array();
     if (has_content && (role == "user" || role == "system" || role == "developer")) {
-        json parts = json::array();
-        for (const json& part : item["content"]) {
-            require_object(part, "a content part");
-            const std::string pt = text_field(part, "type");
-            if (pt == "input_text") {
-                if (!part.contains("text")) throw ApiError(400, "'Input text' requires 'text'");
-                parts.push_back({{"type", "text"}, {"text", text_field(part, "text")}});
-            } else if (pt == "input_image") {
-                if (!part.contains("image_url")) throw ApiError(400, "'image_url' is required");
-                parts.push_back({{"type", "image_url"}, {"image_url", {{"url", part["image_url"]}}}});
-            } else if (pt == "input_file") {
-                throw ApiError(400, "'input_file' is not supported by llamacpp at this moment");
-            } else {
-                throw ApiError(400, "'type' must be one of 'input_text', 'input_image', or 'input_file'");
-            }
-        }
-        messages.push_back({{"role", role}, {"content", parts}});
+        messages.push_back({{"role", role}, {"content", input_parts(item["content"])}});
     } else if (has_content && role == "assistant" && type == "message") {
-        json parts = json::array();
-        for (const json& part : item["content"]) {
-            require_object(part, "a content part");
-            if (text_field(part, "type") != "output_text") throw ApiError(400, "'type' must be 'output_text'");
-            if (!part.contains("text") || !part["text"].is_string()) throw ApiError(400, "'Output text' requires 'text'");
-            parts.push_back({{"type", "text"}, {"text", part["text"]}});
-        }
-        if (merge && messages.back().contains("content") && messages.back()["content"].is_array()) {
-            for (json& p : parts) messages.back()["content"].push_back(std::move(p));
-        } else if (merge) {
-            messages.back()["content"] = parts;
-        } else {
-            messages.push_back({{"role", "assistant"}, {"content", parts}});
-        }
+        json& turn = assistant_turn(messages);
+        if (!turn.contains("content") || !turn["content"].is_array()) turn["content"] = json::array();
+        for (json& part : output_parts(item["content"])) turn["content"].push_back(std::move(part));
     } else if (type == "function_call") {
-        json call{{"id", text_field(item, "call_id")},
-                  {"type", "function"},
-                  {"function", {{"name", text_field(item, "name")}, {"arguments", text_field(item, "arguments")}}}};
-        if (merge) messages.back()["tool_calls"].push_back(std::move(call));
-        else messages.push_back({{"role", "assistant"}, {"tool_calls", json::array({std::move(call)})}});
+        assistant_turn(messages)["tool_calls"].push_back(
+            {{"id", text_field(item, "call_id")},
+             {"type", "function"},
+             {"function", {{"name", text_field(item, "name")}, {"arguments", text_field(item, "arguments")}}}});
     } else if (type == "function_call_output") {
-        json output = item.value("output", json(""));
-        if (output.is_array()) {
-            for (json& o : output) {
-                if (!o.is_object() || o.value("type", "") != "input_text") throw ApiError(400, "Output of tool call should be 'Input text'");
-                o["type"] = "text";
-            }
-        } else if (!output.is_string()) {
-            throw ApiError(400, "'output' must be a string or an array of 'input_text' parts");
-        }
-        messages.push_back({{"role", "tool"}, {"tool_call_id", text_field(item, "call_id")}, {"content", output}});
+        messages.push_back(tool_output_message(item));
     } else if (type == "reasoning") {
         const json& content = array_field(item, "content");
         if (content.empty() || !content[0].is_object()) throw ApiError(400, "item['content'] is empty");
-        std::string text = text_field(content[0], "text");
-        if (merge) messages.back()["reasoning_content"] = text;
-        else messages.push_back({{"role", "assistant"}, {"content", json::array()}, {"reasoning_content", text}});
+        assistant_turn(messages)["reasoning_content"] = text_field(content[0], "text");
     } else {
         throw ApiError(400, "Cannot determine type of 'item'");
     }

@@ -286,6 +286,18 @@ TEST_CASE("server: Anthropic /v1/messages answers as the chat endpoint does, in 
     json plain{{"system", "You are a helpful assistant."}, {"messages", {{{"role", "user"}, {"content", "Name three colors."}}}}, {"max_tokens", 12}};
     CHECK(post(port, "/v1/messages", plain).body["content"] == r.body["content"]);
 
+    // Several turns with content blocks: the chat endpoint's answer to the same turns.
+    json turns = json::array({{{"role", "system"}, {"content", "You are a helpful assistant."}},
+                              {{"role", "user"}, {"content", "Hi!"}},
+                              {{"role", "assistant"}, {"content", "Hello! How can I help?"}},
+                              {{"role", "user"}, {"content", "Name three colors."}}});
+    json blocks{{"system", "You are a helpful assistant."},
+                {"messages", {{{"role", "user"}, {"content", {{{"type", "text"}, {"text", "Hi!"}}}}},
+                              {{"role", "assistant"}, {"content", {{{"type", "text"}, {"text", "Hello! How can I help?"}}}}},
+                              {{"role", "user"}, {"content", "Name three colors."}}}},
+                {"max_tokens", 12}};
+    CHECK(post(port, "/v1/messages", blocks).body["content"][0]["text"] == chat_reference(port, turns, 12)["choices"][0]["message"]["content"]);
+
     CHECK(post(port, "/v1/messages", {{"max_tokens", 4}}).status == 400);
     CHECK(post(port, "/v1/messages", {{"messages", "hi"}}).status == 400);
 }
@@ -353,6 +365,16 @@ TEST_CASE("server: /v1/responses answers as the chat endpoint does, whole and st
     json items = request;
     items["input"] = {{{"role", "user"}, {"content", {{{"type", "input_text"}, {"text", "Name three colors."}}}}}};
     CHECK(post(port, "/v1/responses", items).body["output"][0]["content"][0]["text"] == text);
+    // Earlier turns as items: a user message, the assistant's output message, then the question.
+    json turns = json::array({{{"role", "system"}, {"content", "You are a helpful assistant."}},
+                              {{"role", "user"}, {"content", "Hi!"}},
+                              {{"role", "assistant"}, {"content", "Hello! How can I help?"}},
+                              {{"role", "user"}, {"content", "Name three colors."}}});
+    items["input"] = {{{"role", "user"}, {"content", "Hi!"}},
+                      {{"type", "message"}, {"role", "assistant"}, {"content", {{{"type", "output_text"}, {"text", "Hello! How can I help?"}}}}},
+                      {{"role", "user"}, {"content", {{{"type", "input_text"}, {"text", "Name three colors."}}}}}};
+    CHECK(post(port, "/v1/responses", items).body["output"][0]["content"][0]["text"] ==
+          chat_reference(port, turns, 12)["choices"][0]["message"]["content"]);
 
     json streamed = request;
     streamed["stream"] = true;
