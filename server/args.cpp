@@ -324,7 +324,8 @@ const std::vector<Flag>& flags() {
              if (a.flag == "-r") o.short_r = a.value;
              else o.reverse_prompts.push_back(a.value);
          }},
-        {{"-sp", "--special"}, {}, nullptr, nullptr, G::Server, "special tokens output", note("special tokens are not printed as text here (ignored)")},
+        {{"-sp", "--special"}, {}, nullptr, nullptr, G::Server, "special tokens output enabled (default: off)",
+         [](Options& o, const Arg&) { o.special = true; }},
         {{"--warmup"}, {"--no-warmup"}, nullptr, nullptr, G::Server, "warm-up decode before reporting healthy (default: on)",
          [](Options& o, const Arg& a) { o.srv.warmup = a.on(); }},
         {{"--spm-infill"}, {}, nullptr, nullptr, G::Server, "Suffix/Prefix/Middle pattern for infill (default: Prefix/Suffix/Middle)",

@@ -31,7 +31,7 @@ struct Options {
     llm::Type type_k = llm::Type::F16, type_v = llm::Type::F16;
     bool tokenize = false, add_special = false, parse_special = false, bench = false, plan = false;
     bool use_mmap = true, mlock = false, repack = true, verbose_prompt = false, moe_per_token = false;
-    bool escape = false, ignore_eos = false;
+    bool escape = false, ignore_eos = false, special = false;  // special: special tokens printed as their text
     std::vector<std::string> reverse_prompts;  // -r outside --bench: stop strings of every request
     std::string short_r;                       // -r's value: --bench repetitions, else a reverse prompt
     int log_verbosity = 3;                     // 1 errors, 2 warnings, 3 info, 4+ debug; -1 nothing

@@ -123,7 +123,7 @@ int run_complete(const Options& o, const llm::Model& m) {
         sampler.accept(tok);
         n_gen++;
         if (m.vocab.is_eog(tok) && !o.ignore_eos) break;
-        const std::string piece = m.vocab.token_to_piece(tok, false);
+        const std::string piece = m.vocab.token_to_piece(tok, o.special);
         fputs(piece.c_str(), stdout);
         fflush(stdout);
         const size_t before = generated.size();

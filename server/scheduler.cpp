@@ -404,7 +404,7 @@ void Scheduler::on_logits(Slot& s, const float* logits) {
     if (v.is_eog(tok) && !p.ignore_eos) return finish(s, "eos");
     s.unsent_tokens.push_back(tok);
     const size_t before = s.text.size();
-    s.text += v.token_to_piece(tok, false);
+    s.text += v.token_to_piece(tok, cfg_.special);
     size_t stop_at = std::string::npos;
     for (const std::string& stop : p.stop) {  // the earliest match that ends in the new piece
         size_t at = s.text.find(stop, before > stop.size() ? before - stop.size() : 0);

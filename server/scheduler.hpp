@@ -152,6 +152,7 @@ struct SchedulerConfig {
     int budget = 512;          // most tokens per step: min(-b, -ub)
     int max_queue = 64;        // requests that may wait for a slot
     bool context_shift = false, kv_unified = false;
+    bool special = false;        // special tokens go into the text (-sp)
     size_t ram_cache_bytes = 0;  // SIZE_MAX: unbounded, 0: off
 };
 

@@ -142,6 +142,7 @@ int run_server(const Options& o) {
     cfg.max_queue = so.max_queue;
     cfg.context_shift = so.context_shift;
     cfg.kv_unified = so.kv_unified;
+    cfg.special = o.special;
     cfg.ram_cache_bytes = so.cache_ram_mib < 0 ? SIZE_MAX : (size_t)so.cache_ram_mib << 20;
 
     http::Options ho;

@@ -124,3 +124,15 @@ TEST_CASE("cli: -r / --reverse-prompt stops a completion where the text appears 
     CHECK(stopped == full.substr(0, dot + 1) + "\n");
     CHECK(long_form == stopped);
 }
+
+TEST_CASE("cli: -sp / --special prints special tokens as their text") {
+    const std::string prompt = "<|im_start|>user\nSay hi.<|im_end|>\n<|im_start|>assistant\n";
+    const std::string cmd = "./llm-server -m models/SmolLM2-135M-Instruct-Q4_1.gguf -p '" + prompt + "' -n 24 --temp 0 --ignore-eos 2>/dev/null";
+    std::string plain, special;
+    REQUIRE(testutil::run(cmd, &plain) == 0);
+    REQUIRE(testutil::run(cmd + " -sp", &special) == 0);
+    REQUIRE(plain.compare(0, prompt.size(), prompt) == 0);
+    REQUIRE(special.compare(0, prompt.size(), prompt) == 0);
+    CHECK(plain.find("<|im_end|>", prompt.size()) == std::string::npos);   // the answer's end token, silent
+    CHECK(special.find("<|im_end|>", prompt.size()) != std::string::npos);  // and printed
+}

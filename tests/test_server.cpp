@@ -857,8 +857,13 @@ TEST_CASE("server: the openai Python package, several model names") {
     MESSAGE("openai client: " << out);
 }
 
-TEST_CASE("server: --api-prefix serves every endpoint under the prefix") {
-    ServerProcess s(server_cmd({"-c", "256", "--no-warmup", "--api-prefix", "/llm"}), false);
+TEST_CASE("server: --api-prefix serves every endpoint under the prefix; -v and --log-file") {
+    char tmpl[] = "/tmp/llm-log-XXXXXX";
+    int fd = mkstemp(tmpl);
+    REQUIRE(fd >= 0);
+    close(fd);
+    const std::string log_file = tmpl;
+    ServerProcess s(server_cmd({"-c", "256", "--no-warmup", "--api-prefix", "/llm", "-v", "--log-file", log_file}), false);
     for (double t0 = now_s(); get(s.port, "/llm/health").status != 200; std::this_thread::sleep_for(std::chrono::milliseconds(20))) {
         REQUIRE_MESSAGE(now_s() - t0 < 60, s.log());
     }
@@ -866,4 +871,10 @@ TEST_CASE("server: --api-prefix serves every endpoint under the prefix") {
     CHECK(get(s.port, "/llm/v1/models").body["data"][0]["id"] == kModel);
     CHECK(post(s.port, "/llm/completion", {{"prompt", "Hi"}, {"n_predict", 1}}).body["tokens_predicted"] == 1);
     CHECK(testutil::run("./llm-server -m x --api-prefix llm/ 2>/dev/null") == 1);
+    // -v logs request bodies (level D); --log-file gets the same lines as stderr.
+    CHECK(s.log().find(" D http: request body: {\"n_predict\":1,\"prompt\":\"Hi\"}") != std::string::npos);
+    const std::string copy = testutil::read_file(log_file);
+    CHECK(copy.find("listening on 127.0.0.1:") != std::string::npos);
+    CHECK(copy.find("request body") != std::string::npos);
+    unlink(log_file.c_str());
 }
