@@ -157,6 +157,24 @@ std::string random_id(const char* prefix) {
 
 std::string sse(const json& j) { return "data: " + dump(j) + "\n\n"; }
 
+// llama-server's response_fields: only the values at these paths ("timings/prompt_n"), each under its
+// path as a key; paths that lead nowhere are left out. Nothing asked: the whole object.
+json select_fields(json j, const std::vector<std::string>& paths) {
+    if (paths.empty()) return j;
+    json out = json::object();
+    for (const std::string& path : paths) {
+        const json* at = &j;
+        for (size_t start = 0; at && start <= path.size();) {
+            size_t end = std::min(path.find('/', start), path.size());
+            auto it = at->is_object() ? at->find(path.substr(start, end - start)) : at->end();
+            at = at->is_object() && it != at->end() ? &*it : nullptr;
+            start = end + 1;
+        }
+        if (at) out[path] = *at;
+    }
+    return out;
+}
+
 // Requests given as chat messages (rendered with the chat template), in whichever dialect.
 bool is_chat(ApiKind k) { return k == ApiKind::OaiChat || k == ApiKind::Anthropic || k == ApiKind::Responses; }
 // Requests answered in llama.cpp's own /completion shape.
@@ -574,7 +592,7 @@ json Api::whole_response(const Generation& g, const std::vector<Completion>& don
     if (g.kind == ApiKind::Responses) return response_object(g.id, g.message_id, model_id(), done[0].content, done[0].final);
     if (is_native(g.kind)) {
         json j = json::array();
-        for (size_t i = 0; i < done.size(); i++) j.push_back(final_completion(done[i], g.p, g.prompts[i], (int)i));
+        for (size_t i = 0; i < done.size(); i++) j.push_back(select_fields(final_completion(done[i], g.p, g.prompts[i], (int)i), g.response_fields));
         return done.size() == 1 ? j[0] : j;
     }
     const bool chat = g.kind == ApiKind::OaiChat;
@@ -602,7 +620,7 @@ json Api::whole_response(const Generation& g, const std::vector<Completion>& don
 std::string Api::stream_events(const Generation& g, const Result& r, int index) const {
     const bool last = r.kind == Result::Final;
     if (is_native(g.kind)) {
-        if (last) return sse(final_completion(Completion{r, r.text, r.tokens, r.probs}, g.p, g.prompts[index], index));
+        if (last) return sse(select_fields(final_completion(Completion{r, r.text, r.tokens, r.probs}, g.p, g.prompts[index], index), g.response_fields));
         json j{{"index", index}, {"content", r.text}, {"tokens", r.tokens}, {"stop", false}, {"id_slot", r.slot},
                {"tokens_predicted", r.n_predicted}, {"tokens_evaluated", r.n_prompt}};
         if (r.kind == Result::Progress) j["prompt_progress"] = progress_json(r);
@@ -701,6 +719,13 @@ void Api::handle_generate(const http::Request& req, http::Response& res, ApiKind
     if (const json* so = opt_field(b, "stream_options")) {
         if (!so->is_object()) bad_field("stream_options", "an object");
         g.include_usage = get_bool(*so, "include_usage", false);
+    }
+    if (const json* f = opt_field(b, "response_fields"); f && is_native(kind)) {
+        if (!f->is_array()) bad_field("response_fields", "an array of strings");
+        for (const json& x : *f) {
+            if (!x.is_string()) bad_field("response_fields", "an array of strings");
+            g.response_fields.push_back(x.get<std::string>());
+        }
     }
     g.id = answer_id(kind);
     g.message_id = random_id("msg_");

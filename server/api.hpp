@@ -49,6 +49,7 @@ private:
         bool include_usage = false;  // stream_options.include_usage
         std::string id;              // the answer's id (chatcmpl-..., cmpl-..., msg_..., resp_...)
         std::string message_id;      // the Responses API's output message
+        std::vector<std::string> response_fields;  // the final /completion object cut to these "a/b" paths
         int64_t created = 0;
     };
     // One task's results, drained.

@@ -160,6 +160,16 @@ TEST_CASE("server: /infill builds llama-server's FIM prompt, token for token") {
         CHECK(infill.body["tokens"] == direct.body["tokens"]);
         CHECK(infill.body["tokens_predicted"] == 8);
 
+        // response_fields (as llama.vscode asks): only those values, each under its path.
+        json fields = body;
+        fields["response_fields"] = {"content", "timings/prompt_n", "tokens_predicted", "timings/nothing"};
+        Reply cut = post(port, "/infill", fields);
+        REQUIRE(cut.status == 200);
+        CHECK(cut.body.size() == 3);
+        CHECK(cut.body["content"] == infill.body["content"]);
+        CHECK(cut.body["tokens_predicted"] == 8);
+        CHECK(cut.body["timings/prompt_n"].is_number_integer());
+
         // Streamed, as /completion streams: the same text, the last event with stop: true, no [DONE].
         json streamed = body;
         streamed["stream"] = true;
