@@ -247,6 +247,8 @@ json anthropic_to_chat(const json& body) {
 json anthropic_message(const std::string& id, const std::string& model, const std::string& text, const Result& r) {
     json content = json::array();
     if (!text.empty()) content.push_back({{"type", "text"}, {"text", text}});
+    // Tool calls parsed from the answer (the chat-template work) become {"type": "tool_use", "id",
+    // "name", "input"} blocks here, after the text, with stop_reason "tool_use".
     return json{{"id", id},
                 {"type", "message"},
                 {"role", "assistant"},
@@ -340,6 +342,7 @@ json response_object(const std::string& id, const std::string& message_id, const
     const int64_t now = (int64_t)time(nullptr);
     json output = json::array();
     if (!text.empty()) output.push_back(message_item(message_id, text));
+    // Parsed tool calls become {"type": "function_call", "call_id", "name", "arguments"} items here.
     return json{{"completed_at", now}, {"created_at", now}, {"id", id},          {"model", model},
                 {"object", "response"}, {"output", output}, {"status", "completed"}, {"usage", response_usage(r)}};
 }
