@@ -662,7 +662,7 @@ std::string Api::stream_events(const Generation& g, const Result& r, int index) 
 bool Api::stream_all(const Generation& g, const std::vector<std::shared_ptr<Channel>>& chs, http::Writer& w) {
     auto cancel_all = [&] { for (auto& ch : chs) sched_->cancel(ch); };
     // Anthropic's and the Responses API's event sequences keep state across results (one prompt).
-    AnthropicStream anthropic(g.id, model_id(), (int)g.prompts[0].size());
+    AnthropicStream anthropic(g.id, model_id());
     ResponsesStream responses(g.id, g.message_id, model_id());
     auto events = [&](const Result& r, int index) {
         const bool last = r.kind == Result::Final;

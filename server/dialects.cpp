@@ -261,8 +261,9 @@ json anthropic_message(const std::string& id, const std::string& model, const st
                            {"output_tokens", r.n_predicted}}}};
 }
 
-// message_start before the first text; the text block is opened by its first delta.
-std::string AnthropicStream::text_events(const std::string& text) {
+// message_start (with the prompt's token counts) before the first text; the text block is opened by
+// its first delta.
+std::string AnthropicStream::text_events(const Result& r) {
     std::string out;
     if (!started_) {
         started_ = true;
@@ -273,10 +274,11 @@ std::string AnthropicStream::text_events(const std::string& text) {
                                                         {"model", model_},
                                                         {"stop_reason", nullptr},
                                                         {"stop_sequence", nullptr},
-                                                        {"usage", {{"cache_read_input_tokens", 0},
-                                                                   {"input_tokens", n_prompt_},
+                                                        {"usage", {{"cache_read_input_tokens", r.n_cache_reused},
+                                                                   {"input_tokens", r.n_prompt - r.n_cache_reused},
                                                                    {"output_tokens", 0}}}}}});
     }
+    const std::string& text = r.text;
     if (text.empty()) return out;
     if (!text_open_) {
         text_open_ = true;
@@ -285,10 +287,10 @@ std::string AnthropicStream::text_events(const std::string& text) {
     return out + sse_event("content_block_delta", {{"index", 0}, {"delta", {{"type", "text_delta"}, {"text", text}}}});
 }
 
-std::string AnthropicStream::partial(const Result& r) { return text_events(r.text); }
+std::string AnthropicStream::partial(const Result& r) { return text_events(r); }
 
 std::string AnthropicStream::final(const Result& r) {
-    std::string out = text_events(r.text);
+    std::string out = text_events(r);
     if (text_open_) out += sse_event("content_block_stop", {{"index", 0}});
     out += sse_event("message_delta", {{"delta", {{"stop_reason", anthropic_stop_reason(r)}, {"stop_sequence", anthropic_stop_sequence(r)}}},
                                        {"usage", {{"output_tokens", r.n_predicted}}}});

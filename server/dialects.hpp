@@ -33,15 +33,14 @@ nlohmann::json anthropic_message(const std::string& id, const std::string& model
 // message_stop).
 class AnthropicStream {
 public:
-    AnthropicStream(std::string id, std::string model, int n_prompt) : id_(std::move(id)), model_(std::move(model)), n_prompt_(n_prompt) {}
+    AnthropicStream(std::string id, std::string model) : id_(std::move(id)), model_(std::move(model)) {}
     std::string partial(const Result& r);  // the events for a partial result's text
     std::string final(const Result& r);    // the last text, the closing events
     static std::string error(const nlohmann::json& err);  // an "error" event
 
 private:
-    std::string text_events(const std::string& text);
+    std::string text_events(const Result& r);
     std::string id_, model_;
-    int n_prompt_ = 0;
     bool started_ = false, text_open_ = false;
 };
 
