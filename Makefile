@@ -92,6 +92,13 @@ $(B)/%.o: %.cpp
 	@mkdir -p $(@D)
 	$(CXX) $(CPPFLAGS) $(CXXFLAGS) -c -o $@ $<
 
+# The web page (GET /) is a file in the repository, compiled in as bytes (scripts/embed).
+$(B)/webui_html.hpp: server/webui.html scripts/embed
+	@mkdir -p $(@D)
+	sh scripts/embed webui_html $< > $@.tmp && mv $@.tmp $@
+$(B)/server/api.o: $(B)/webui_html.hpp
+$(B)/server/api.o: CPPFLAGS += -I$(B)
+
 tests/run: $(TEST_OBJS)
 	$(CXX) $(CXXFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 

@@ -329,6 +329,14 @@ public:
     int32_t unk() const;
     int32_t pad() const;
     int32_t sep() const;
+    // Fill-in-the-middle tokens (tokenizer.ggml.fim_*_token_id, or recognized by their text): prefix,
+    // suffix, middle, pad, repository name, file separator; -1 if none.
+    int32_t fim_pre() const;
+    int32_t fim_suf() const;
+    int32_t fim_mid() const;
+    int32_t fim_pad() const;
+    int32_t fim_rep() const;
+    int32_t fim_sep() const;
     bool add_bos() const;
     bool add_eos() const;
     bool add_sep() const;  // WordPiece: [SEP] closes the text
@@ -7266,6 +7274,12 @@ int32_t Vocab::eom() const { return d_ ? d_->eom : -1; }
 int32_t Vocab::unk() const { return d_ ? d_->unk : -1; }
 int32_t Vocab::pad() const { return d_ ? d_->pad : -1; }
 int32_t Vocab::sep() const { return d_ ? d_->sep : -1; }
+int32_t Vocab::fim_pre() const { return d_ ? d_->fim_pre : -1; }
+int32_t Vocab::fim_suf() const { return d_ ? d_->fim_suf : -1; }
+int32_t Vocab::fim_mid() const { return d_ ? d_->fim_mid : -1; }
+int32_t Vocab::fim_pad() const { return d_ ? d_->fim_pad : -1; }
+int32_t Vocab::fim_rep() const { return d_ ? d_->fim_rep : -1; }
+int32_t Vocab::fim_sep() const { return d_ ? d_->fim_sep : -1; }
 bool Vocab::add_bos() const { return d_ && d_->add_bos; }
 bool Vocab::add_eos() const { return d_ && d_->add_eos; }
 bool Vocab::add_sep() const { return d_ && d_->add_sep; }

@@ -8,7 +8,9 @@
 #include <functional>
 #include <random>
 
+#include "dialects.hpp"
 #include "util.hpp"
+#include "webui_html.hpp"
 
 namespace srv {
 
@@ -235,6 +237,34 @@ std::string random_id(const char* prefix) {
 
 std::string sse(const json& j) { return "data: " + dump(j) + "\n\n"; }
 
+// llama-server's response_fields: only the values at these paths ("timings/prompt_n"), each under its
+// path as a key; paths that lead nowhere are left out. Nothing asked: the whole object.
+json select_fields(json j, const std::vector<std::string>& paths) {
+    if (paths.empty()) return j;
+    json out = json::object();
+    for (const std::string& path : paths) {
+        const json* at = &j;
+        for (size_t start = 0; at && start <= path.size();) {
+            size_t end = std::min(path.find('/', start), path.size());
+            auto it = at->is_object() ? at->find(path.substr(start, end - start)) : at->end();
+            at = at->is_object() && it != at->end() ? &*it : nullptr;
+            start = end + 1;
+        }
+        if (at) out[path] = *at;
+    }
+    return out;
+}
+
+// Requests given as chat messages (rendered with the chat template), in whichever dialect.
+bool is_chat(ApiKind k) { return k == ApiKind::OaiChat || k == ApiKind::Anthropic || k == ApiKind::Responses; }
+// Requests answered in llama.cpp's own /completion shape.
+bool is_native(ApiKind k) { return k == ApiKind::Completion || k == ApiKind::Infill; }
+
+// The id of an answer: chatcmpl-..., msg_... (Anthropic), resp_... (Responses) or cmpl-....
+std::string answer_id(ApiKind k) {
+    return random_id(k == ApiKind::OaiChat ? "chatcmpl-" : k == ApiKind::Anthropic ? "msg_" : k == ApiKind::Responses ? "resp_" : "cmpl-");
+}
+
 }  // namespace
 
 Api::Api(const Options& o) : o_(o), created_((int64_t)time(nullptr)) {
@@ -296,7 +326,7 @@ TaskParams Api::parse_params(const json& b, ApiKind kind) const {
     p.n_keep = o_.srv.n_keep;
     p.stop = o_.reverse_prompts;
     p.stream = get_bool(b, "stream", false);
-    if (kind != ApiKind::Completion) {
+    if (!is_native(kind)) {
         p.n_predict = (int)get_int(b, "max_tokens", p.n_predict, -1, INT32_MAX);
         p.n_predict = (int)get_int(b, "max_completion_tokens", p.n_predict, -1, INT32_MAX);
         if (get_int(b, "n", 1, 1, INT32_MAX) != 1) throw ApiError(400, "only n = 1 is supported");
@@ -390,6 +420,95 @@ std::vector<int32_t> Api::tokenize_prompt(const std::string& text) const {
     // A template that writes bos_token itself, tokenized with the model's own BOS: keep one.
     if (ids.size() >= 2 && v.bos() >= 0 && ids[0] == v.bos() && ids[1] == v.bos()) ids.erase(ids.begin());
     return ids;
+}
+
+// A string, or an array of token ids and strings, as plain text (control tokens are not parsed, no
+// BOS): how /infill reads input_prefix and input_suffix.
+std::vector<int32_t> Api::tokenize_mixed(const json& value, const char* field) const {
+    if (value.is_string()) return model_->vocab.tokenize(value.get<std::string>(), false, false);
+    if (!value.is_array()) bad_field(field, "a string or an array of token ids and strings");
+    std::vector<int32_t> ids;
+    for (const json& x : value) {
+        if (x.is_string()) {
+            std::vector<int32_t> t = model_->vocab.tokenize(x.get<std::string>(), false, false);
+            ids.insert(ids.end(), t.begin(), t.end());
+        } else if (x.is_number_integer() && x.get<int64_t>() >= 0 && x.get<int64_t>() < n_vocab_) {
+            ids.push_back((int32_t)x.get<int64_t>());
+        } else {
+            bad_field(field, "a string or an array of token ids and strings");
+        }
+    }
+    return ids;
+}
+
+// /infill's prompt, built as llama-server builds it (format_prompt_infill), with the repo-level FIM
+// pattern:
+//   [FIM_REP]myproject\n [FIM_SEP]filename0\n extra chunk 0 ... [FIM_SEP]filename\n
+//   [FIM_PRE]prefix [FIM_SUF]suffix [FIM_MID]prompt
+// (suffix first with --spm-infill; BOS before the prefix when the model adds one). The prefix keeps its
+// last 3/4 batch of tokens, the suffix its first quarter (less the prompt), the extra chunks the end
+// of what remains of the slot after a batch and twice -n. A model without the prefix, suffix and
+// middle tokens gets llama-server's 501.
+std::vector<int32_t> Api::infill_prompt(const json& b) const {
+    const llm::Vocab& v = model_->vocab;
+    std::string missing;
+    if (v.fim_pre() < 0) missing += "prefix token is missing. ";
+    if (v.fim_suf() < 0) missing += "suffix token is missing. ";
+    if (v.fim_mid() < 0) missing += "middle token is missing. ";
+    if (!missing.empty()) throw ApiError(501, "Infill is not supported by this model: " + missing, "not_supported_error");
+    if (b.contains("prompt") && !b["prompt"].is_string()) throw ApiError(400, "\"prompt\" must be a string");
+    if (!b.contains("input_prefix")) throw ApiError(400, "\"input_prefix\" is required");
+    if (!b.contains("input_suffix")) throw ApiError(400, "\"input_suffix\" is required");
+    const json* extra = opt_field(b, "input_extra");
+    if (extra && !extra->is_array()) throw ApiError(400, "\"input_extra\" must be an array of {\"filename\": string, \"text\": string}");
+
+    auto plain = [&](const std::string& text) { return v.tokenize(text, false, false); };
+    auto append = [](std::vector<int32_t>& to, const std::vector<int32_t>& from) { to.insert(to.end(), from.begin(), from.end()); };
+    std::vector<int32_t> extra_tokens;
+    if (v.fim_rep() >= 0) {
+        extra_tokens.push_back(v.fim_rep());
+        append(extra_tokens, plain("myproject\n"));
+    }
+    for (const json& chunk : extra ? *extra : json::array()) {
+        if (!chunk.is_object() || !chunk.contains("text") || !chunk["text"].is_string()) {
+            throw ApiError(400, "extra_context chunk must contain a \"text\" field with a string value");
+        }
+        if (chunk.contains("filename") && !chunk["filename"].is_string()) {
+            throw ApiError(400, "extra_context chunk's \"filename\" field must be a string");
+        }
+        if (v.fim_sep() >= 0) {
+            extra_tokens.push_back(v.fim_sep());
+            append(extra_tokens, plain(chunk.value("filename", std::string("tmp")) + "\n"));
+        } else {
+            append(extra_tokens, plain("\n\n--- snippet ---\n\n"));
+        }
+        append(extra_tokens, plain(chunk["text"].get<std::string>()));
+    }
+    if (v.fim_sep() >= 0) {
+        extra_tokens.push_back(v.fim_sep());
+        append(extra_tokens, plain("filename\n"));
+    }
+
+    std::vector<int32_t> prefix = tokenize_mixed(b["input_prefix"], "input_prefix");
+    std::vector<int32_t> suffix = tokenize_mixed(b["input_suffix"], "input_suffix");
+    std::vector<int32_t> prompt = v.tokenize(get_str(b, "prompt", ""), false, true);
+    const int n_batch = o_.n_batch;
+    const size_t n_prefix_take = std::min<size_t>(prefix.size(), 3 * (n_batch / 4));
+    const size_t n_suffix_take = std::min<size_t>(suffix.size(), std::max<int64_t>(0, n_batch / 4 - (2 + (int64_t)prompt.size())));
+    const size_t n_extra_take = std::min<size_t>(std::max<int64_t>(0, (int64_t)n_ctx_slot_ - n_batch - 2 * (int64_t)o_.n_predict),
+                                                 extra_tokens.size());
+    prefix.erase(prefix.begin(), prefix.end() - n_prefix_take);
+    suffix.resize(n_suffix_take);
+    prefix.insert(prefix.begin(), v.fim_pre());
+    append(prefix, prompt);
+    suffix.insert(suffix.begin(), v.fim_suf());
+
+    std::vector<int32_t> first = o_.srv.spm_infill ? suffix : prefix, second = o_.srv.spm_infill ? prefix : suffix;
+    if (v.add_bos()) first.insert(first.begin(), v.bos());
+    first.insert(first.begin(), extra_tokens.end() - n_extra_take, extra_tokens.end());
+    append(first, second);
+    first.push_back(v.fim_mid());
+    return first;
 }
 
 // One prompt: a string, an array of token ids or of ids and strings (concatenated; only the first
@@ -734,9 +853,11 @@ nlohmann::json Api::chat_message(const Generation& g, const std::string& text, s
 }
 
 json Api::whole_response(const Generation& g, const std::vector<Completion>& done) const {
-    if (g.kind == ApiKind::Completion) {
+    if (g.kind == ApiKind::Anthropic) return anthropic_message(g.id, model_id(), done[0].content, done[0].final);
+    if (g.kind == ApiKind::Responses) return response_object(g.id, g.message_id, model_id(), done[0].content, done[0].final);
+    if (is_native(g.kind)) {
         json j = json::array();
-        for (size_t i = 0; i < done.size(); i++) j.push_back(final_completion(done[i], g.p, g.prompts[i], (int)i));
+        for (size_t i = 0; i < done.size(); i++) j.push_back(select_fields(final_completion(done[i], g.p, g.prompts[i], (int)i), g.response_fields));
         return done.size() == 1 ? j[0] : j;
     }
     const bool chat = g.kind == ApiKind::OaiChat;
@@ -765,8 +886,8 @@ json Api::whole_response(const Generation& g, const std::vector<Completion>& don
 // result gives a finish chunk, and with include_usage a chunk with no choices and the usage).
 std::string Api::stream_events(const Generation& g, const Result& r, int index, llm::ChatOutputParser* parser) const {
     const bool last = r.kind == Result::Final;
-    if (g.kind == ApiKind::Completion) {
-        if (last) return sse(final_completion(Completion{r, r.text, r.tokens, r.probs}, g.p, g.prompts[index], index));
+    if (is_native(g.kind)) {
+        if (last) return sse(select_fields(final_completion(Completion{r, r.text, r.tokens, r.probs}, g.p, g.prompts[index], index), g.response_fields));
         json j{{"index", index}, {"content", r.text}, {"tokens", r.tokens}, {"stop", false}, {"id_slot", r.slot},
                {"tokens_predicted", r.n_predicted}, {"tokens_evaluated", r.n_prompt}};
         if (r.kind == Result::Progress) j["prompt_progress"] = progress_json(r);
@@ -825,14 +946,23 @@ std::string Api::stream_events(const Generation& g, const Result& r, int index, 
 // Writes every task's results as they come (several prompts interleave); false when the client went away.
 bool Api::stream_all(const Generation& g, const std::vector<std::shared_ptr<Channel>>& chs, http::Writer& w) {
     auto cancel_all = [&] { for (auto& ch : chs) sched_->cancel(ch); };
+    std::vector<std::unique_ptr<llm::ChatOutputParser>> parsers(chs.size());
+    if (g.parse_output)
+        for (auto& p : parsers) p = std::make_unique<llm::ChatOutputParser>(g.parse);
+    // Anthropic's and the Responses API's event sequences keep state across results (one prompt).
+    AnthropicStream anthropic(g.id, model_id());
+    ResponsesStream responses(g.id, g.message_id, model_id());
+    auto events = [&](const Result& r, int index) {
+        const bool last = r.kind == Result::Final;
+        if (g.kind == ApiKind::Anthropic) return last ? anthropic.final(r) : anthropic.partial(r);
+        if (g.kind == ApiKind::Responses) return last ? responses.final(r) : responses.partial(r);
+        return stream_events(g, r, index, parsers[index].get());
+    };
     if (g.kind == ApiKind::OaiChat) {
         json j = oai_base(g, "chat.completion.chunk");
         j["choices"] = json::array({json{{"finish_reason", nullptr}, {"index", 0}, {"delta", {{"role", "assistant"}, {"content", nullptr}}}}});
         if (!w.write(sse(j))) { cancel_all(); return false; }
     }
-    std::vector<std::unique_ptr<llm::ChatOutputParser>> parsers(chs.size());
-    if (g.parse_output)
-        for (auto& p : parsers) p = std::make_unique<llm::ChatOutputParser>(g.parse);
     std::vector<bool> finished(chs.size(), false);
     size_t n_finished = 0;
     while (n_finished < chs.size()) {
@@ -842,15 +972,17 @@ bool Api::stream_all(const Generation& g, const std::vector<std::shared_ptr<Chan
             if (r.kind == Result::Error) {
                 cancel_all();
                 json e = json::parse(http::error_json(r.status, r.message, r.err_type));
-                w.write(g.kind == ApiKind::Completion ? "error: " + dump(e) + "\n\n" : sse(e));
+                w.write(is_native(g.kind) ? "error: " + dump(e) + "\n\n" : g.kind == ApiKind::Anthropic ? AnthropicStream::error(e["error"]) : sse(e));
                 return true;
             }
-            if (!w.write(stream_events(g, r, (int)i, parsers[i].get()))) { cancel_all(); return false; }
+            if (!w.write(events(r, (int)i))) { cancel_all(); return false; }
             if (r.kind == Result::Final) { finished[i] = true; n_finished++; }
         }
         if (!w.alive()) { cancel_all(); return false; }   // every round: results need not pause for it
     }
-    return g.kind == ApiKind::Completion || w.write("data: [DONE]\n\n");
+    // OpenAI's streams end with [DONE]; llama.cpp's, Anthropic's and the Responses API's do not.
+    const bool oai = g.kind == ApiKind::OaiCompletion || g.kind == ApiKind::OaiChat;
+    return !oai || w.write("data: [DONE]\n\n");
 }
 
 void Api::handle_generate(const http::Request& req, http::Response& res, ApiKind kind) {
@@ -858,13 +990,19 @@ void Api::handle_generate(const http::Request& req, http::Response& res, ApiKind
     if (sched_->embeddings())
         throw ApiError(501, "This server does not support completions. Start it without `--embeddings`", "not_supported_error");
     json b = parse_body(req.body);
+    if (kind == ApiKind::Anthropic) b = anthropic_to_chat(b);
+    if (kind == ApiKind::Responses) b = responses_to_chat(b);
     Generation g;
     g.kind = kind;
     g.p = parse_params(b, kind);
-    if (kind == ApiKind::OaiChat) {
-        const std::string prompt = render_chat(b, req.body);
+    if (is_chat(kind)) {
+        // The request's own text keeps its members' order for the template (tojson); a converted
+        // dialect's request is re-serialized.
+        const std::string prompt = render_chat(b, kind == ApiKind::OaiChat ? req.body : dump(b));
         chat_parse_options(b, prompt, g);
         g.prompts.push_back(tokenize_prompt(prompt));
+    } else if (kind == ApiKind::Infill) {
+        g.prompts.push_back(infill_prompt(b));
     } else {
         const json* pr = opt_field(b, "prompt");
         if (!pr) throw ApiError(400, "'prompt' is required");
@@ -875,7 +1013,15 @@ void Api::handle_generate(const http::Request& req, http::Response& res, ApiKind
         if (!so->is_object()) bad_field("stream_options", "an object");
         g.include_usage = get_bool(*so, "include_usage", false);
     }
-    g.id = random_id(kind == ApiKind::OaiChat ? "chatcmpl-" : "cmpl-");
+    if (const json* f = opt_field(b, "response_fields"); f && is_native(kind)) {
+        if (!f->is_array()) bad_field("response_fields", "an array of strings");
+        for (const json& x : *f) {
+            if (!x.is_string()) bad_field("response_fields", "an array of strings");
+            g.response_fields.push_back(x.get<std::string>());
+        }
+    }
+    g.id = answer_id(kind);
+    g.message_id = random_id("msg_");
     g.created = (int64_t)time(nullptr);
     std::vector<std::shared_ptr<Channel>> chs = submit_all(g.prompts, g.p);
     if (g.p.stream) {
@@ -940,6 +1086,12 @@ void Api::handle_input_tokens(const http::Request& req, http::Response& res) {
     json b = parse_body(req.body);
     const size_t n = tokenize_prompt(render_chat(b, req.body)).size();
     res.set_json(dump(json{{"object", "response.input_tokens"}, {"input_tokens", n}}));
+}
+
+// /v1/messages/count_tokens: the prompt an Anthropic request renders to, counted (with BOS).
+void Api::handle_count_tokens(const http::Request& req, http::Response& res) {
+    json b = anthropic_to_chat(parse_body(req.body));
+    res.set_json(dump(json{{"input_tokens", (int)tokenize_prompt(render_chat(b, dump(b))).size()}}));
 }
 
 void Api::handle_props(http::Response& res) {
@@ -1150,6 +1302,7 @@ void Api::install(http::Server& srv) {
     const std::string prefix = o_.srv.api_prefix;
     auto route = [&](const char* method, const std::string& path, http::Server::Handler h) { srv.route(method, prefix + path, std::move(h)); };
     auto is_health = [prefix](const std::string& path) { return path == prefix + "/health" || path == prefix + "/v1/health"; };
+    auto is_page = [prefix](const std::string& path) { return path == prefix + "/"; };
     const auto& wrap = guarded;
     auto health = [this](const http::Request& q, http::Response& r) { handle_health(q, r); };
     route("GET", "/health", health);
@@ -1158,6 +1311,15 @@ void Api::install(http::Server& srv) {
     for (const char* p : {"/completion", "/completions"}) route("POST", p, gen(ApiKind::Completion));
     route("POST", "/v1/completions", gen(ApiKind::OaiCompletion));
     for (const char* p : {"/chat/completions", "/v1/chat/completions"}) route("POST", p, gen(ApiKind::OaiChat));
+    route("POST", "/infill", gen(ApiKind::Infill));
+    route("POST", "/v1/messages", gen(ApiKind::Anthropic));
+    route("POST", "/v1/messages/count_tokens", wrap([this](const http::Request& q, http::Response& r) { handle_count_tokens(q, r); }));
+    route("POST", "/v1/responses", gen(ApiKind::Responses));
+    if (o_.srv.webui) {  // off: / is a 404 like any unknown path, as llama-server's --no-webui
+        route("GET", "/", [](const http::Request&, http::Response& r) {
+            r.set_content(std::string((const char*)webui_html, webui_html_size), "text/html; charset=utf-8");
+        });
+    }
     for (const char* p : {"/chat/completions/input_tokens", "/v1/chat/completions/input_tokens"}) {
         route("POST", p, wrap([this](const http::Request& q, http::Response& r) { handle_input_tokens(q, r); }));
     }
@@ -1180,11 +1342,12 @@ void Api::install(http::Server& srv) {
 
     if (!o_.srv.api_keys.empty()) {
         const std::vector<std::string> keys = o_.srv.api_keys;
-        srv.set_auth([keys, is_health](const http::Request& r) { return is_health(r.path) || has_api_key(r, keys); });
+        // The page is public (it asks for the key), as /health is.
+        srv.set_auth([keys, is_health, is_page](const http::Request& r) { return is_health(r.path) || is_page(r.path) || has_api_key(r, keys); });
     }
-    // While the model loads, everything but /health answers 503.
-    srv.set_pre_route([this, is_health](const http::Request& r, http::Response& res) {
-        if (ready_.load() || is_health(r.path)) return true;
+    // While the model loads, everything but /health (and the page, which waits for /props) answers 503.
+    srv.set_pre_route([this, is_health, is_page](const http::Request& r, http::Response& res) {
+        if (ready_.load() || is_health(r.path) || is_page(r.path)) return true;
         res.set_error(503, "Loading model", "unavailable_error");
         return false;
     });

@@ -1,6 +1,7 @@
 // llm-server's HTTP API, llama-server's: the routes, request parsing and the response shapes of its
-// three dialects (llama.cpp's /completion, OpenAI's completions and chat, with server-sent events).
-// All JSON lives here; the Scheduler runs what a request asks for.
+// dialects (llama.cpp's /completion and /infill, OpenAI's completions and chat, with server-sent
+// events; Anthropic's Messages and OpenAI's Responses are converted in dialects.cpp), and the web page
+// at /. All JSON lives here; the Scheduler runs what a request asks for.
 #pragma once
 #include <atomic>
 #include <string>
@@ -30,7 +31,9 @@ using HttpHandler = std::function<void(const http::Request&, http::Response&)>;
 // llm::Error: 400); the server keeps serving.
 HttpHandler guarded(HttpHandler fn);
 
-enum class ApiKind { Completion, OaiCompletion, OaiChat };
+// The shape of a generation request and of its answer. Infill answers as Completion; Anthropic and
+// Responses are chat requests in another dialect.
+enum class ApiKind { Completion, Infill, OaiCompletion, OaiChat, Anthropic, Responses };
 
 class Api {
 public:
@@ -53,7 +56,9 @@ private:
         TaskParams p;
         std::vector<std::vector<int32_t>> prompts;
         bool include_usage = false;  // stream_options.include_usage
-        std::string id;              // OpenAI's response id
+        std::string id;              // the answer's id (chatcmpl-..., cmpl-..., msg_..., resp_...)
+        std::string message_id;      // the Responses API's output message
+        std::vector<std::string> response_fields;  // the final /completion object cut to these "a/b" paths
         int64_t created = 0;
         bool parse_output = false;   // chat: the output is split into content, reasoning and tool calls
         llm::ChatParseOptions parse;
@@ -73,6 +78,7 @@ private:
     void handle_detokenize(const http::Request& req, http::Response& res);
     void handle_apply_template(const http::Request& req, http::Response& res);
     void handle_input_tokens(const http::Request& req, http::Response& res);
+    void handle_count_tokens(const http::Request& req, http::Response& res);
     void handle_props(http::Response& res);
     void handle_props_post(const http::Request& req, http::Response& res);
     void handle_slots(const http::Request& req, http::Response& res);
@@ -100,6 +106,8 @@ private:
     std::vector<int32_t> tokenize_prompt(const std::string& text) const;
     void check_prompt_bytes(size_t bytes) const;
     void check_body_bytes(size_t bytes) const;
+    std::vector<int32_t> tokenize_mixed(const json& value, const char* field) const;
+    std::vector<int32_t> infill_prompt(const json& b) const;
     std::vector<std::shared_ptr<Channel>> submit_all(const std::vector<std::vector<int32_t>>& prompts, const TaskParams& p);
     Completion collect(const std::shared_ptr<Channel>& ch, const http::Request& req);
 

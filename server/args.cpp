@@ -391,7 +391,8 @@ const std::vector<Flag>& flags() {
          [](Options& o, const Arg&) { o.special = true; }},
         {{"--warmup"}, {"--no-warmup"}, nullptr, nullptr, G::Server, "warm-up decode before reporting healthy (default: on)",
          [](Options& o, const Arg& a) { o.srv.warmup = a.on(); }},
-        {{"--spm-infill"}, {}, nullptr, nullptr, G::Server, "Suffix/Prefix/Middle pattern for infill", note("/infill uses the Prefix/Suffix/Middle pattern (ignored)")},
+        {{"--spm-infill"}, {}, nullptr, nullptr, G::Server, "Suffix/Prefix/Middle pattern for infill (default: Prefix/Suffix/Middle)",
+         [](Options& o, const Arg&) { o.srv.spm_infill = true; }},
         {{"--pooling"}, {}, "LLAMA_ARG_POOLING", "{none,mean,cls,last,rank}", G::Server, "pooling type for embeddings (default: the model's own)",
          [](Options& o, const Arg& a) {
              try {

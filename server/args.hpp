@@ -29,6 +29,7 @@ struct ServerOptions {
     std::string reasoning_format = "auto"; // none: thinking stays in content; deepseek / auto: reasoning_content
     int reasoning_budget = -1;             // thinking tokens before the end tag is forced (-1: unlimited)
     std::string reasoning = "auto";        // --reasoning on|off: the default enable_thinking
+    bool spm_infill = false;  // /infill puts the suffix first (suffix/prefix/middle), for models trained so
 };
 
 struct Options {

@@ -207,6 +207,7 @@ void Scheduler::emit_partial(Slot& s) {
     r.text = s.text.substr(s.n_sent, end - s.n_sent);
     r.slot = s.id;
     r.n_prompt = s.n_prompt;
+    r.n_cache_reused = s.n_cache_reused;
     r.n_predicted = s.n_decoded;
     r.tokens.swap(s.unsent_tokens);
     r.probs = std::move(s.unsent_probs);
