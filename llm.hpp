@@ -14,8 +14,9 @@
 //   3. Block layouts         ggml's quantized blocks, byte for byte, the type table, interleaved groups
 //   4. GGUF reader           mmap, bounds-checked parser, split files, metadata access
 //   5. Quantized rows        dequantization, activation/KV quantization, scalar dot products
-//   6. SIMD kernels          run-time dispatch (cpuid + XCR0), AVX2 / AVX-512 tiles, 16-row interleaved
-//                            weights and their AVX-512 VNNI kernels, attention scores and weighted sums
+//   6. SIMD kernels          run-time dispatch (cpuid + XCR0, $LLM_ISA), AVX2 / AVX-512 tiles, 16-row
+//                            interleaved weights and their AVX-512 VNNI and AVX2 kernels, attention
+//                            scores and weighted sums
 //   7. Weight quantizers     K-quants and IQ4_NL as llama-quantize writes them
 //   8. GGUF writer           streamed v3 output
 //   9. Model quantizer       per-tensor type choice of each mix, the streaming driver
@@ -184,10 +185,11 @@ Isa isa_current();               // the one in use (initially isa_best(), or $LL
 void isa_set(Isa isa);           // force one (tests, benchmarks); throws Error if unsupported
 std::string isa_name(Isa isa);
 
-// Interleaved weights: matmul weights repacked at load for the AVX-512 VNNI kernels. Each group of 16
+// Interleaved weights: matmul weights repacked at load for the interleaved kernels. Each group of 16
 // rows is stored so that one 512-bit register holds four consecutive values of each of the 16 rows,
 // the operand of vpdpbusd against four broadcast activation bytes, so a row group is multiplied by a
-// column without any horizontal sums. A group keeps exactly the bytes of its 16 rows (tensor sizes
+// column without any horizontal sums; on AVX2 (and AVX-512 without VNNI) each half of such a line is
+// a 256-bit register of 8 rows for vpmaddubsw, with bit-identical results. A group keeps exactly the bytes of its 16 rows (tensor sizes
 // and expert offsets do not change), and the repacking is lossless (deinterleave gives the file's
 // bytes back). Types: Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL.
 constexpr int kInterleaveRows = 16;
@@ -477,6 +479,9 @@ struct ContextParams {
     int n_ctx = 0;           // total cells; 0 = the model's training context capped at 4096
     int n_seq = 1;           // independent sequences (server slots); each gets n_ctx / n_seq cells
     int n_threads = 0;       // 0 = physical cores
+    int n_threads_batch = 0; // threads for batches of more than one token (prefill); 0 = n_threads
+    int poll = 50;           // 0..100: how long idle workers busy-wait for the next job before they
+                             // sleep (llama.cpp's --poll; 0 sleeps at once, spares a shared host's quota)
     Type type_k = Type::F16, type_v = Type::F16;
     bool kv_unified = false;  // one pool for all sequences instead of n_ctx / n_seq each
     bool moe_grouped = true;  // MoE prefill runs each expert once over all its tokens (false: token by token)
@@ -7145,7 +7150,10 @@ class ThreadPool {
 public:
     using Fn = std::function<void(int64_t begin, int64_t end, int thread)>;
 
-    explicit ThreadPool(int n_threads) : n_(std::max(1, n_threads)) {
+    // poll: 0..100, the busy-wait level of idle workers (100: about 40000 checks of the job counter
+    // before sleeping; 0: sleep at once).
+    explicit ThreadPool(int n_threads, int poll = 50)
+        : n_(std::max(1, n_threads)), active_(n_), spins_(std::min(100, std::max(0, poll)) * 400) {
         for (int i = 1; i < n_; i++) workers_.emplace_back([this, i] { worker_loop(i); });
     }
     ~ThreadPool() {
@@ -7158,19 +7166,23 @@ public:
         for (auto& t : workers_) t.join();
     }
     int size() const { return n_; }
+    // Threads that take part in the next jobs (1..size(); the rest wake and go back to waiting), so
+    // prefill and decode may use different counts (-t / -tb).
+    void set_active(int n) { active_ = std::min(n_, std::max(1, n)); }
 
     // Calls fn over [0, n) in chunks of about `grain` items (at least one chunk per thread when n
     // allows); returns when every chunk is done. fn must not throw.
     void parallel_for(int64_t n, int64_t grain, const Fn& fn) {
         if (n <= 0) return;
         grain = std::max<int64_t>(1, grain);
-        if (n_ == 1 || n <= grain) {
+        if (active_ == 1 || n <= grain) {
             fn(0, n, 0);
             return;
         }
         fn_ = &fn;
         n_items_ = n;
-        chunk_ = std::max<int64_t>(grain, std::min<int64_t>(n / n_, (n + 8 * n_ - 1) / (8 * n_)));
+        const int a = active_;
+        chunk_ = std::max<int64_t>(grain, std::min<int64_t>(n / a, (n + 8 * a - 1) / (8 * a)));
         next_.store(0);
         done_.store(0);
         {
@@ -7195,7 +7207,7 @@ private:
         for (;;) {
             uint64_t g;
             int spins = 0;
-            while ((g = generation_.load(std::memory_order_acquire)) == seen && spins < 20000) {
+            while ((g = generation_.load(std::memory_order_acquire)) == seen && spins < spins_) {
                 spins++;
                 if ((spins & 63) == 0) std::this_thread::yield();
             }
@@ -7206,12 +7218,14 @@ private:
             }
             seen = g;
             if (stop_) return;
-            run_chunks(thread);
+            if (thread < active_) run_chunks(thread);
             done_.fetch_add(1, std::memory_order_release);
         }
     }
 
     int n_;
+    int active_;  // written by the calling thread between jobs; read by workers after the generation's acquire
+    const int spins_;
     std::vector<std::thread> workers_;
     std::mutex mutex_;
     std::condition_variable cv_;
@@ -7755,7 +7769,9 @@ struct Context::Impl {
     std::vector<std::vector<float>> thread_scratch;
     std::vector<std::vector<uint8_t>> thread_bytes;
 
-    Impl(const Model& m, const ContextParams& p) : model(m), params(p), pool(p.n_threads), thread_scratch(p.n_threads), thread_bytes(p.n_threads) {}
+    Impl(const Model& m, const ContextParams& p)
+        : model(m), params(p), pool(std::max(p.n_threads, p.n_threads_batch), p.poll), thread_scratch(pool.size()),
+          thread_bytes(pool.size()) {}
 
     // One product out[n x rows(w)] = x[n x k] * w^T. Several are run together so that a decode step
     // with many small products (heads, experts) pays one thread hand-off, not one per product.
@@ -8332,6 +8348,8 @@ Context::Context(const Model& model, const ContextParams& params) {
     if (model.layers.empty()) fail("model was loaded without weights (vocab_only)");
     ContextParams p = params;
     if (p.n_threads <= 0) p.n_threads = physical_core_count();
+    if (p.n_threads_batch <= 0) p.n_threads_batch = p.n_threads;
+    if (p.poll < 0 || p.poll > 100) fail("poll level must be in 0..100");
     if (p.n_seq <= 0 || p.n_seq > 256) fail("number of sequences must be in 1..256");
     if (p.n_ctx <= 0) p.n_ctx = std::min(model.hp.n_ctx_train, 4096);
     if (p.n_ctx < p.n_seq) fail("context of %d cells cannot hold %d sequences", p.n_ctx, p.n_seq);
@@ -8339,7 +8357,10 @@ Context::Context(const Model& model, const ContextParams& params) {
     impl_->kv.init(model.hp, p, p.n_ctx);
 }
 Context::~Context() = default;
-void Context::decode(const Batch& batch) { impl_->decode(batch); }
+void Context::decode(const Batch& batch) {
+    impl_->pool.set_active(batch.size() > 1 ? impl_->params.n_threads_batch : impl_->params.n_threads);
+    impl_->decode(batch);
+}
 const float* Context::logits(int i) const {
     if (i < 0 || i >= impl_->n_logits) fail("no logits for output %d", i);
     return impl_->logits.data() + (size_t)i * impl_->model.hp.n_vocab;
