@@ -22,8 +22,10 @@ FUZZ_CXXFLAGS ?= -O1 -g -std=c++17 -fsanitize=fuzzer,address,undefined -fno-sani
 
 B := build
 
-# Programs: NAME.cpp at the root becomes llm-NAME, for those sources that exist yet.
-BINS := $(addprefix llm-,$(basename $(wildcard server.cpp quantize.cpp)))
+# Programs: llm-server is linked from the units in server/ (server/engine.cpp alone compiles llm.hpp's
+# implementation, so editing another unit rebuilds only that unit); llm-quantize from quantize.cpp.
+SERVER_OBJS := $(patsubst %.cpp,$(B)/%.o,$(wildcard server/*.cpp))
+BINS := llm-server llm-quantize
 
 # tests/main.cpp holds doctest's main and the LLM_IMPLEMENTATION translation unit (the heavy one),
 # compiled once; each tests/test_*.cpp is its own object. consumer_*.cpp form a separate program.
@@ -39,8 +41,11 @@ FUZZ_BINS  := $(patsubst fuzz/%.cpp,$(B)/fuzz/%,$(wildcard fuzz/fuzz_*.cpp))
 
 all: $(BINS)
 
-llm-%: $(B)/%.o
-	$(CXX) $(CXXFLAGS) -static $(LDFLAGS) -o $@ $< $(LDLIBS)
+llm-server: $(SERVER_OBJS)
+	$(CXX) $(CXXFLAGS) -static $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+llm-quantize: $(B)/quantize.o
+	$(CXX) $(CXXFLAGS) -static $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
 $(B)/%.o: %.cpp
 	@mkdir -p $(@D)

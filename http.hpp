@@ -43,7 +43,8 @@
 //   - Timeouts: read_timeout_ms bounds the whole request (headers and body) from its first byte, and the
 //     wait for the first request on a new connection; a drip-fed request cannot extend it. A request that
 //     times out half-received gets 408; an idle connection is closed silently.
-//   - Every response is HTTP/1.1 and, with Options::cors, carries Access-Control-Allow-Origin: *; OPTIONS
+//   - Every response is HTTP/1.1 and, with Options::cors, carries Access-Control-Allow-Origin: * (or, with
+//     cors_echo_origin, the request's Origin and Access-Control-Allow-Credentials: true); OPTIONS
 //     without an explicit route is answered as a CORS preflight (204) before auth.
 //   - A client that closes its end (FIN) counts as disconnected for Writer::alive / Request::client_connected,
 //     which is how long non-streaming work is cancelled.
@@ -92,7 +93,7 @@ struct Limits {
 };
 
 // ---------------------------------------------------------------------------------------------------
-// Small text helpers (public: server.cpp uses them too).
+// Small text helpers (public: llm-server uses them too).
 
 namespace detail {
 
@@ -946,6 +947,7 @@ struct Options {
     int write_timeout_ms = 30000;     // longest stall of a single send (client not reading)
     int shutdown_grace_ms = 5000;     // stop(): how long in-flight requests may still take
     bool cors = true;                 // Access-Control-Allow-* on every response, OPTIONS preflight
+    bool cors_echo_origin = false;    // with cors: a request's Origin is echoed, with credentials allowed (else *)
     std::string server_name = "llm.hpp";
     Limits limits;
 };
@@ -1292,6 +1294,12 @@ private:
     bool respond(int fd, const Request& req) {
         Response res;
         dispatch(req, res);
+        std::string origin = req.header("origin");
+        if (opt_.cors && opt_.cors_echo_origin && !origin.empty() && !res.find_header("Access-Control-Allow-Origin")) {
+            res.set_header("Access-Control-Allow-Origin", origin);
+            res.set_header("Access-Control-Allow-Credentials", "true");
+            res.set_header("Vary", "Origin");
+        }
         bool head = req.method == "HEAD";
         const std::string* conn_hdr = res.find_header("Connection");
         bool keep = req.keep_alive && !stopping_.load() && !(conn_hdr && detail::list_has_token(*conn_hdr, "close"));

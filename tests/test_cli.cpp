@@ -111,3 +111,16 @@ TEST_CASE("cli: bad input is a clear error and a non-zero exit, never a crash") 
     CHECK(out.find("truncated") != std::string::npos);
     unlink(cut.c_str());
 }
+
+TEST_CASE("cli: -r / --reverse-prompt stops a completion where the text appears (-r N with --bench: repetitions)") {
+    const std::string smol = "-m models/SmolLM2-135M-Instruct-Q4_1.gguf -p 'The capital of France is' -n 24 --temp 0 --ignore-eos";
+    std::string full, stopped, long_form;
+    REQUIRE(testutil::run("./llm-server " + smol + " 2>/dev/null", &full) == 0);
+    REQUIRE(testutil::run("./llm-server " + smol + " -r . 2>/dev/null", &stopped) == 0);
+    REQUIRE(testutil::run("./llm-server " + smol + " --reverse-prompt . 2>/dev/null", &long_form) == 0);
+    const size_t dot = full.find('.');
+    REQUIRE(dot != std::string::npos);
+    REQUIRE(dot + 1 < full.size() - 1);  // the full run goes on after the first '.'
+    CHECK(stopped == full.substr(0, dot + 1) + "\n");
+    CHECK(long_form == stopped);
+}

@@ -106,7 +106,7 @@ std::vector<std::string> server_cmd(std::vector<std::string> extra) {
 // The server most tests share: 4 slots of 512 tokens.
 ServerProcess& main_server() {
     static std::unique_ptr<ServerProcess> s;
-    if (!s) s = std::make_unique<ServerProcess>(server_cmd({"-np", "4", "-c", "2048", "--cache-ram", "64"}));
+    if (!s) s = std::make_unique<ServerProcess>(server_cmd({"-np", "4", "-c", "2048", "--cache-ram", "64", "--metrics"}));
     return *s;
 }
 
@@ -215,6 +215,16 @@ TEST_CASE("server: health, props, models, slots and metrics") {
     // CORS on every response, preflight answered.
     CHECK(h.resp.header("access-control-allow-origin") == "*");
     CHECK(call(port, "OPTIONS", "/completion").status == 204);
+    // With an Origin, as llama-server: echoed, credentials allowed (the preflight too).
+    Reply ho = call(port, "GET", "/health", "", {{"Origin", "http://app.example"}});
+    CHECK(ho.resp.header("access-control-allow-origin") == "http://app.example");
+    CHECK(ho.resp.header("access-control-allow-credentials") == "true");
+    Reply pre = call(port, "OPTIONS", "/v1/chat/completions", "",
+                     {{"Origin", "http://app.example"}, {"Access-Control-Request-Method", "POST"}, {"Access-Control-Request-Headers", "authorization"}});
+    CHECK(pre.status == 204);
+    CHECK(pre.resp.header("access-control-allow-origin") == "http://app.example");
+    CHECK(pre.resp.header("access-control-allow-headers") == "authorization");
+    CHECK(pre.resp.header("access-control-allow-methods").find("POST") != std::string::npos);
 }
 
 TEST_CASE("server: /completion fields, stop strings, n_probs, return_tokens") {
@@ -374,10 +384,10 @@ TEST_CASE("server: OpenAI-compatible completions and chat") {
     for (const json& e : os.events) text += e["choices"][0]["text"].get<std::string>();
     CHECK(text == o.body["choices"][0]["text"]);
 
-    // Unknown model names are refused; the model's file name is accepted.
-    Reply bad = post(port, "/v1/chat/completions", {{"model", "gpt-17"}, {"messages", msgs}});
-    CHECK(bad.status == 404);
-    CHECK(bad.body["error"]["type"] == "not_found_error");
+    // Any model name is served (one model loaded, as llama-server); responses name the served model.
+    Reply other = post(port, "/v1/chat/completions", {{"model", "gpt-17"}, {"messages", msgs}, {"max_tokens", 1}});
+    CHECK(other.status == 200);
+    CHECK(other.body["model"] == kModel);
     CHECK(post(port, "/v1/completions", {{"model", "SmolLM2-135M-Instruct-Q4_1"}, {"prompt", "Hi"}, {"max_tokens", 1}}).status == 200);
 }
 
@@ -496,7 +506,7 @@ ServerProcess& small_server() {
         s = std::make_unique<ServerProcess>(server_cmd({"-np", "1", "-c", "256", "--api-key", "sekret", "--max-queue", "1",
                                                         "--chat-template-file",
                                                         testutil::shared_dir() + "/chat/templates/Qwen-Qwen2.5-7B-Instruct.jinja",
-                                                        "--cache-ram", "16"}));
+                                                        "--cache-ram", "16", "--metrics"}));
     }
     return *s;
 }
@@ -587,10 +597,14 @@ TEST_CASE("server: requests that cannot fit fail fast; a full slot stops with 'l
     CHECK(r.body["error"]["type"] == "exceed_context_size_error");
     CHECK(r.body["error"]["message"].get<std::string>().find("300 tokens") != std::string::npos);
     CHECK(now_s() - t0 < 1.0);
+    CHECK(r.body["error"]["n_prompt_tokens"] == 300);
+    CHECK(r.body["error"]["n_ctx"] == 256);
+    // A prompt that fits but leaves less room than n_predict asks: generated until the slot is full.
     ids.resize(248);
-    Reply r2 = post(port, "/completion", {{"prompt", ids}, {"n_predict", 100}}, kAuth);
-    CHECK(r2.status == 400);
-    CHECK(r2.body["error"]["message"].get<std::string>().find("n_predict") != std::string::npos);
+    Reply r2 = post(port, "/completion", {{"prompt", ids}, {"n_predict", 100}, {"ignore_eos", true}, {"temperature", 0}}, kAuth);
+    REQUIRE(r2.status == 200);
+    CHECK(r2.body["stop_type"] == "limit");
+    CHECK(r2.body["tokens_predicted"] == 256 - 248 + 1);
 
     // Unbounded generation near the end of the slot: stops at the slot's end, says so.
     Reply f = post(port, "/completion", {{"prompt", ids}, {"ignore_eos", true}, {"temperature", 0}}, kAuth);
@@ -610,7 +624,7 @@ TEST_CASE("server: --context-shift keeps generating past the end of the slot") {
 }
 
 TEST_CASE("server: --kv-unified lets one request use the whole pool; idle slots give their cells back") {
-    ServerProcess s(server_cmd({"-np", "2", "-c", "256", "--kv-unified", "--no-warmup"}));
+    ServerProcess s(server_cmd({"-np", "2", "-c", "256", "--kv-unified", "--no-warmup", "--metrics"}));
     CHECK(get(s.port, "/slots").body[0]["n_ctx"] == 256);
     std::vector<int> a(200, 504), b(200, 2000);  // each longer than half the pool
     json ra = completion(s.port, {{"prompt", a}, {"n_predict", 4}, {"ignore_eos", true}});
@@ -691,4 +705,307 @@ TEST_CASE("server: the static binary serves from an empty root with no shared li
         CHECK(s.stop(SIGTERM) == 0);
     }
     testutil::run("rm -rf " + root);
+}
+
+// ---- llama-server drop-in: its command line, fields and endpoints ---------------------------------
+
+namespace {
+// A server configured the way llama-server deployments are: flags through LLAMA_ARG_* variables (the
+// command line wins over them), aliases and tags, a slot save folder, POST /props, and flags that
+// cannot apply to a CPU build.
+struct CompatServer {
+    std::string save_dir;
+    std::unique_ptr<ServerProcess> proc;
+    CompatServer() {
+        char tmpl[] = "/tmp/llm-slots-XXXXXX";
+        REQUIRE(mkdtemp(tmpl));
+        save_dir = tmpl;
+        std::vector<std::string> cmd = {"env", "LLAMA_ARG_CTX_SIZE=1024", "LLAMA_ARG_N_PARALLEL=3", "LLAMA_ARG_ALIAS=from-env"};
+        for (const std::string& a : server_cmd({"-np", "2", "-a", "smol,gpt-4o-mini", "--tags", "small,test", "--slot-save-path", save_dir,
+                                                "--props", "-ngl", "99", "-fa", "on", "--jinja", "--offline", "-cb", "--threads-http", "4",
+                                                "--no-mmproj", "-lv", "3", "--cache-reuse", "256"})) {
+            cmd.push_back(a);
+        }
+        proc = std::make_unique<ServerProcess>(cmd);
+    }
+    ~CompatServer() { testutil::run("rm -rf " + save_dir); }
+};
+CompatServer& compat_server() {
+    static std::unique_ptr<CompatServer> s;
+    if (!s) s = std::make_unique<CompatServer>();
+    return *s;
+}
+}  // namespace
+
+TEST_CASE("server: llama-server's flags, spellings and LLAMA_ARG_* variables") {
+    std::string help;
+    REQUIRE(testutil::run("./llm-server --help", &help) == 0);
+    for (const char* group : {"----- common params -----", "----- sampling params -----", "----- example-specific params -----"}) {
+        CHECK_MESSAGE(help.find(group) != std::string::npos, group);
+    }
+    for (const char* line : {"-ngl, --gpu-layers, --n-gpu-layers N", "-c, --ctx-size N", "(env: LLAMA_ARG_CTX_SIZE)", "--slots, --no-slots",
+                             "-kvu, --kv-unified, -no-kvu, --no-kv-unified", "-fa, --flash-attn [on|off|auto]", "(env: LLAMA_API_KEY)"}) {
+        CHECK_MESSAGE(help.find(line) != std::string::npos, line);
+    }
+    // The bash completion lists every spelling; there are more than 300 of them.
+    std::string completion_script;
+    REQUIRE(testutil::run("./llm-server --completion-bash", &completion_script) == 0);
+    size_t n_spellings = std::count(completion_script.begin(), completion_script.end(), ' ');
+    MESSAGE("spellings accepted: " << n_spellings - 3);
+    CHECK(n_spellings > 300);
+    CHECK(testutil::run("./llm-server --version") == 0);
+    CHECK(testutil::run("./llm-server -m x --no-such-flag 2>/dev/null") == 1);
+    CHECK(testutil::run("./llm-server -m x --ctx-size 2>/dev/null") == 1);  // missing value
+    CHECK(testutil::run("LLAMA_ARG_CONTEXT_SHIFT=maybe ./llm-server -m x 2>/dev/null") == 1);
+
+    ServerProcess& s = *compat_server().proc;
+    Reply p = get(s.port, "/props");
+    REQUIRE(p.status == 200);
+    CHECK(p.body["total_slots"] == 2);  // -np 2 over LLAMA_ARG_N_PARALLEL=3
+    CHECK(p.body["n_ctx"] == 1024);     // LLAMA_ARG_CTX_SIZE
+    CHECK(p.body["default_generation_settings"]["n_ctx"] == 512);
+    CHECK(p.body["model_alias"] == "smol");  // -a over LLAMA_ARG_ALIAS
+    // Each inapplicable flag leaves one line saying what it means here.
+    std::string log = s.log();
+    for (const char* note : {"-ngl: this is a CPU build", "-fa: attention always runs fused", "--offline: always offline", "--jinja: ",
+                             "--threads-http: one thread per connection", "--no-mmproj: no multimodal input", "--cache-reuse: "}) {
+        CHECK_MESSAGE(log.find(note) != std::string::npos, note);
+    }
+    // Command-line modes read the variables too.
+    std::string out, direct;
+    REQUIRE(testutil::run(std::string("LLAMA_ARG_MODEL=") + kModel + " ./llm-server --tokenize -p 'The capital' 2>/dev/null", &out) == 0);
+    REQUIRE(testutil::run(std::string("./llm-server -m ") + kModel + " --tokenize -p 'The capital'", &direct) == 0);
+    CHECK(out == direct);
+    CHECK(out == "504 3575\n");
+}
+
+TEST_CASE("server: any model name is served; /models and /v1/models fields as llama-server") {
+    int port = compat_server().proc->port;
+    for (const char* path : {"/models", "/v1/models"}) {
+        Reply m = get(port, path);
+        REQUIRE(m.status == 200);
+        const json& d = m.body["data"][0];
+        CHECK(m.body["data"].size() == 1);
+        CHECK(d["id"] == "smol");
+        CHECK(d["aliases"] == json({"smol", "gpt-4o-mini"}));
+        CHECK(d["tags"] == json({"small", "test"}));
+        CHECK(d["owned_by"] == "llamacpp");
+        CHECK(d["meta"]["n_ctx"] == 512);
+        CHECK(d["meta"]["n_ctx_train"] == 8192);
+        CHECK(d["meta"]["n_params"].get<int64_t>() > 130000000);
+        CHECK(d["meta"]["n_vocab"] == 49152);
+        CHECK(m.body["models"][0]["model"] == "smol");
+    }
+    for (const char* name : {"gpt-4o-mini", "llama", "smol"}) {
+        Reply r = post(port, "/v1/completions", {{"model", name}, {"prompt", "Hi"}, {"max_tokens", 1}});
+        CHECK(r.status == 200);
+        CHECK(r.body["model"] == "smol");
+    }
+}
+
+TEST_CASE("server: several prompts in one /completion, llama-server's object and mixed forms") {
+    int port = main_server().port;
+    auto greedy = [&](const json& prompt) { return completion(port, {{"prompt", prompt}, {"n_predict", 4}, {"temperature", 0}}); };
+    json a = greedy(kPrompts[0]), b = greedy(kPrompts[2]);
+    json both = greedy({kPrompts[0], kPrompts[2]});
+    REQUIRE(both.is_array());
+    REQUIRE(both.size() == 2);
+    CHECK(both[0]["index"] == 0);
+    CHECK(both[1]["index"] == 1);
+    CHECK(both[0]["content"] == a["content"]);
+    CHECK(both[1]["content"] == b["content"]);
+    // {"prompt_string": ...} is the string; a one-element list is one prompt.
+    CHECK(greedy({{"prompt_string", kPrompts[0]}})["content"] == a["content"]);
+    CHECK(greedy(json::array({kPrompts[0]}))["content"] == a["content"]);
+    // Mixed ids and strings: one prompt, the strings without BOS after the first element.
+    json ids = post(port, "/tokenize", {{"content", "The capital of"}}).body["tokens"];
+    json mixed = ids;
+    mixed.push_back(" France is");
+    CHECK(greedy(mixed)["content"] == a["content"]);
+    // Streaming several prompts: every event says which prompt it belongs to; each ends once.
+    Stream st = post_stream(port, "/completion", {{"prompt", {kPrompts[0], kPrompts[2]}}, {"n_predict", 4}, {"temperature", 0}, {"stream", true}});
+    std::string text[2];
+    int ends[2] = {0, 0};
+    for (const json& e : st.events) {
+        int i = e["index"];
+        REQUIRE((i == 0 || i == 1));
+        text[i] += e["content"].get<std::string>();
+        ends[i] += e["stop"] == true;
+    }
+    CHECK(ends[0] == 1);
+    CHECK(ends[1] == 1);
+    CHECK(text[0] == a["content"]);
+    CHECK(text[1] == b["content"]);
+    // OpenAI completions with several prompts: one choice each, in order.
+    Reply oc = post(port, "/v1/completions", {{"prompt", {kPrompts[0], kPrompts[2]}}, {"max_tokens", 4}, {"temperature", 0}});
+    REQUIRE(oc.status == 200);
+    REQUIRE(oc.body["choices"].size() == 2);
+    CHECK(oc.body["choices"][1]["index"] == 1);
+    CHECK(oc.body["choices"][0]["text"] == a["content"]);
+    CHECK(oc.body["choices"][1]["text"] == b["content"]);
+    CHECK(oc.body["usage"]["completion_tokens"] == 8);
+    CHECK(post(port, "/completion", {{"prompt", {{"prompt_string", "x"}, {"multimodal_data", {"aGk="}}}}}).status == 400);
+    CHECK(post(port, "/completion", {{"prompt", json::array({"a", "", "b"})}, {"n_predict", 1}}).status == 400);  // an empty prompt
+}
+
+TEST_CASE("server: streaming token counts, include_usage, cached_tokens, return_progress, post_sampling_probs") {
+    int port = main_server().port;
+    const json body = {{"prompt", kPrompts[1]}, {"n_predict", 6}, {"temperature", 0}, {"ignore_eos", true}};
+    json wb = body;
+    wb["return_tokens"] = true;
+    json whole = completion(port, wb);
+    json sb = body;
+    sb.update({{"stream", true}, {"return_progress", true}, {"cache_prompt", false}});
+    Stream st = post_stream(port, "/completion", sb);
+    REQUIRE(st.events.size() >= 3);
+    std::vector<int> tokens;
+    int last_count = 0, progress_events = 0;
+    for (const json& e : st.events) {
+        if (e.contains("prompt_progress")) {
+            const json& pp = e["prompt_progress"];
+            CHECK(pp["total"] == whole["tokens_evaluated"]);
+            CHECK(pp["processed"].get<int>() <= pp["total"].get<int>());
+            CHECK(pp["cache"] == 0);
+            progress_events++;
+            continue;
+        }
+        for (int t : e["tokens"]) tokens.push_back(t);  // the last token's id, in the final event too
+        if (e["stop"] == true) break;
+        CHECK(e["tokens_predicted"].get<int>() > last_count);  // counts in the partial events
+        last_count = e["tokens_predicted"];
+        CHECK(e["tokens_evaluated"] == whole["tokens_evaluated"]);
+    }
+    CHECK(progress_events >= 1);
+    CHECK(st.events.front()["prompt_progress"]["processed"] == whole["tokens_evaluated"]);  // one chunk: all of it
+    CHECK(json(tokens) == whole["tokens"]);
+
+    // OpenAI streaming usage: a last chunk with no choices; cached prompt tokens reported.
+    json msgs = {{{"role", "user"}, {"content", "Name a color."}}};
+    json chat = {{"messages", msgs}, {"max_tokens", 3}, {"temperature", 0}, {"stream", true}, {"stream_options", {{"include_usage", true}}}};
+    post_stream(port, "/v1/chat/completions", chat);
+    Stream cs = post_stream(port, "/v1/chat/completions", chat);
+    REQUIRE(cs.done);
+    const json& last = cs.events.back();
+    CHECK(last["choices"].empty());
+    CHECK(last["usage"]["completion_tokens"] == 3);
+    CHECK(last["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>() > 0);
+    for (size_t i = 0; i + 1 < cs.events.size(); i++) CHECK(!cs.events[i].contains("usage"));
+    Reply nc = post(port, "/v1/chat/completions", {{"messages", msgs}, {"max_tokens", 3}, {"temperature", 0}});
+    CHECK(nc.body["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>() > 0);
+
+    // n_probs: log-probabilities by default; with post_sampling_probs, probabilities in [0, 1].
+    json pre = completion(port, {{"prompt", kPrompts[0]}, {"n_predict", 2}, {"temperature", 0}, {"n_probs", 3}});
+    json post_p = completion(port, {{"prompt", kPrompts[0]}, {"n_predict", 2}, {"temperature", 0}, {"n_probs", 3}, {"post_sampling_probs", true}});
+    const json& e0 = pre["completion_probabilities"][0];
+    const json& p0 = post_p["completion_probabilities"][0];
+    CHECK(e0["logprob"].get<double>() <= 0);
+    CHECK(e0["top_logprobs"].size() == 3);
+    CHECK(!p0.contains("logprob"));
+    REQUIRE(p0["top_probs"].size() >= 1);
+    CHECK(p0["id"] == e0["id"]);
+    CHECK(p0["top_probs"][0]["id"] == p0["id"]);  // greedy: the sampled token is the most likely
+    CHECK(p0["prob"].get<double>() == doctest::Approx(p0["top_probs"][0]["prob"].get<double>()));
+    CHECK(p0["prob"].get<double>() > 0);
+    CHECK(p0["prob"].get<double>() <= 1);
+    CHECK(post_p["generation_settings"]["post_sampling_probs"] == true);
+    for (const char* f : {"dynatemp_range", "typical_p", "xtc_probability", "dry_multiplier", "mirostat", "top_n_sigma", "samplers", "min_keep"}) {
+        CHECK_MESSAGE(pre["generation_settings"].contains(f), f);
+    }
+}
+
+TEST_CASE("server: /slots/{id}?action=save|restore|erase, confined to --slot-save-path") {
+    CompatServer& cs = compat_server();
+    int port = cs.proc->port;
+    json first = completion(port, {{"prompt", kPrompts[3]}, {"n_predict", 4}, {"temperature", 0}, {"id_slot", 1}});
+    const int cached = first["tokens_cached"];
+    Reply save = post(port, "/slots/1?action=save", {{"filename", "fib.bin"}});
+    REQUIRE_MESSAGE(save.status == 200, save.raw);
+    CHECK(save.body["id_slot"] == 1);
+    CHECK(save.body["n_saved"] == cached);
+    CHECK(save.body["n_written"].get<int64_t>() > cached * 1000);
+    CHECK(testutil::file_exists(cs.save_dir + "/fib.bin"));
+    Reply erase = post(port, "/slots/1?action=erase", json::object());
+    REQUIRE(erase.status == 200);
+    CHECK(erase.body["n_erased"] == cached);
+    CHECK(get(port, "/slots").body[1]["n_past"] == 0);
+    Reply restore = post(port, "/slots/1?action=restore", {{"filename", "fib.bin"}});
+    REQUIRE_MESSAGE(restore.status == 200, restore.raw);
+    CHECK(restore.body["n_restored"] == cached);
+    CHECK(restore.body["n_read"] == save.body["n_written"]);
+    CHECK(get(port, "/slots").body[1]["n_past"] == cached);
+    // The restored cache is used: the same request evaluates only its last prompt token again.
+    json again = completion(port, {{"prompt", kPrompts[3]}, {"n_predict", 4}, {"temperature", 0}, {"id_slot", 1}});
+    CHECK(again["timings"]["prompt_n"] == 1);
+    CHECK(again["content"] == first["content"]);
+    // Names that would leave the folder, or are not names, are refused; a missing file is a 404.
+    for (const char* bad : {"../escape.bin", "a/b.bin", "", "..", "/etc/passwd"}) {
+        CHECK_MESSAGE(post(port, "/slots/1?action=save", {{"filename", bad}}).status == 400, bad);
+    }
+    CHECK(post(port, "/slots/1?action=restore", {{"filename", "missing.bin"}}).status == 404);
+    CHECK(post(port, "/slots/1?action=explode", json::object()).status == 400);
+    CHECK(post(port, "/slots/7?action=erase", json::object()).status == 404);
+    std::string listing;
+    testutil::run("ls " + cs.save_dir, &listing);
+    CHECK(listing == "fib.bin\n");
+    // A file that is not a slot file of this server is refused, and the slot stays usable.
+    testutil::run("head -c 100 /dev/urandom > " + cs.save_dir + "/junk.bin");
+    CHECK(post(port, "/slots/1?action=restore", {{"filename", "junk.bin"}}).status == 400);
+    CHECK(completion(port, {{"prompt", "Hi"}, {"n_predict", 1}, {"id_slot", 1}})["tokens_predicted"] == 1);
+}
+
+TEST_CASE("server: POST /props, /chat/completions/input_tokens, the --metrics and --slots switches, embeddings") {
+    int port = compat_server().proc->port;
+    Reply pp = post(port, "/props", json::object());
+    CHECK(pp.status == 200);
+    CHECK(pp.body["success"] == true);
+    json msgs = {{{"role", "user"}, {"content", "Hello there"}}};
+    Reply it = post(port, "/v1/chat/completions/input_tokens", {{"messages", msgs}});
+    REQUIRE(it.status == 200);
+    CHECK(it.body["object"] == "response.input_tokens");
+    std::string rendered = post(port, "/apply-template", {{"messages", msgs}}).body["prompt"];
+    CHECK(it.body["input_tokens"] == post(port, "/tokenize", {{"content", rendered}, {"add_special", true}}).body["tokens"].size());
+    // Without --metrics (as llama-server) /metrics is off; embeddings need an embedding model.
+    Reply m = get(port, "/metrics");
+    CHECK(m.status == 501);
+    CHECK(m.body["error"]["type"] == "not_supported_error");
+    Reply e = post(port, "/v1/embeddings", {{"input", "hi"}});
+    CHECK(e.status == 501);
+    CHECK(e.body["error"]["message"].get<std::string>().find("--embeddings") != std::string::npos);
+    // The main server has --metrics: the llama.cpp names, counters moving.
+    completion(main_server().port, {{"prompt", "Hi"}, {"n_predict", 1}});
+    std::string mt = get(main_server().port, "/metrics").raw;
+    for (const char* name : {"n_tokens_max", "spec_decode_num_draft_tokens_total", "spec_decode_num_accepted_tokens_total"}) {
+        CHECK_MESSAGE(mt.find(std::string("\nllamacpp:") + name + " ") != std::string::npos, name);
+    }
+    CHECK(mt.find("llamacpp:n_tokens_max 0\n") == std::string::npos);
+    CHECK(post(main_server().port, "/props", json::object()).status == 501);  // no --props
+
+    ServerProcess off(server_cmd({"-c", "256", "--no-slots", "--no-warmup", "--chat-template", "command-r"}));
+    // A llama-server built-in template this build does not render: accepted, said so, chatml used.
+    CHECK(off.log().find("chat template 'command-r' (a llama-server built-in) is not rendered by this build") != std::string::npos);
+    CHECK(get(off.port, "/props").body["chat_template_family"] == "chatml");
+    Reply sl = get(off.port, "/slots");
+    CHECK(sl.status == 501);
+    CHECK(sl.body["error"]["type"] == "not_supported_error");
+    CHECK(post(off.port, "/slots/0?action=erase", json::object()).status == 501);
+}
+
+TEST_CASE("server: the openai Python package, several model names") {
+    REQUIRE_MESSAGE(testutil::run("python3 -c 'import openai' 2>/dev/null") == 0, "the openai package is missing: run scripts/setup");
+    std::string out;
+    int rc = testutil::run("python3 tests/openai_client.py " + std::to_string(compat_server().proc->port) + " smol 2>&1", &out);
+    CHECK_MESSAGE(rc == 0, out);
+    CHECK(out.rfind("ok ", 0) == 0);
+    MESSAGE("openai client: " << out);
+}
+
+TEST_CASE("server: --api-prefix serves every endpoint under the prefix") {
+    ServerProcess s(server_cmd({"-c", "256", "--no-warmup", "--api-prefix", "/llm"}), false);
+    for (double t0 = now_s(); get(s.port, "/llm/health").status != 200; std::this_thread::sleep_for(std::chrono::milliseconds(20))) {
+        REQUIRE_MESSAGE(now_s() - t0 < 60, s.log());
+    }
+    CHECK(get(s.port, "/health").status == 404);
+    CHECK(get(s.port, "/llm/v1/models").body["data"][0]["id"] == kModel);
+    CHECK(post(s.port, "/llm/completion", {{"prompt", "Hi"}, {"n_predict", 1}}).body["tokens_predicted"] == 1);
+    CHECK(testutil::run("./llm-server -m x --api-prefix llm/ 2>/dev/null") == 1);
 }

@@ -1,0 +1,56 @@
+// llm-server's command line: every llama-server flag (short and long spellings) and its LLAMA_ARG_*
+// environment variable, plus the command-line modes of llama-cli / llama-bench / llama-perplexity.
+// One table (args.cpp) holds each flag's spellings, variable, value, --help group and effect. Flags
+// that cannot apply to this build (GPU offload, downloads, ...) are accepted and leave a note that is
+// logged at startup, saying what they mean here.
+#pragma once
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "../llm.hpp"
+
+namespace srv {
+
+// Flags of the HTTP server mode.
+struct ServerOptions {
+    std::string host = "127.0.0.1", chat_template, chat_template_file, chat_template_kwargs, slot_save_path, api_prefix;
+    std::vector<std::string> api_keys, aliases, tags;
+    int port = 8080, n_ubatch = 512, max_queue = 64, timeout_s = 600, shutdown_grace_s = 10, n_keep = 0;
+    int cache_ram_mib = 8192, max_connections = 64;
+    bool context_shift = false, kv_unified = false, warmup = true, cache_prompt = true;
+    bool metrics = false, props_post = false, slots = true, webui = true;
+};
+
+struct Options {
+    std::string model, prompt, prompt_file, dump_logits, perplexity_file, kl_base;
+    std::vector<int32_t> prompt_ids;
+    bool has_prompt = false, has_prompt_ids = false;
+    int n_predict = -1, n_ctx = 0, n_threads = 0, n_batch = 512, bench_reps = 5, n_parallel = 1, n_chunks = -1;
+    llm::Type type_k = llm::Type::F16, type_v = llm::Type::F16;
+    bool tokenize = false, add_special = false, parse_special = false, bench = false, plan = false;
+    bool use_mmap = true, mlock = false, repack = true, verbose_prompt = false, moe_per_token = false;
+    bool escape = false, ignore_eos = false;
+    std::vector<std::string> reverse_prompts;  // -r outside --bench: stop strings of every request
+    std::string short_r;                       // -r's value: --bench repetitions, else a reverse prompt
+    int log_verbosity = 3;                     // 1 errors, 2 warnings, 3 info, 4+ debug; -1 nothing
+    std::string log_file;
+    llm::SamplerParams sampling;
+    ServerOptions srv;
+    // What accepted flags mean here, one line each ('I' or 'W', text), logged at startup.
+    std::vector<std::pair<char, std::string>> notes;
+};
+
+[[noreturn]] void usage_error(const std::string& msg);
+// The environment's LLAMA_ARG_* variables, then argv (a flag given overrides its variable).
+Options parse_args(int argc, char** argv);
+// True when no command-line mode is asked for: the HTTP server runs.
+bool wants_server(const Options& o);
+// The model name requests and responses use: the first --alias, else the model path.
+std::string model_id(const Options& o);
+
+// How the model files of a run are loaded (the main model, --kl-base, the server's).
+llm::ModelOptions model_options(const Options& o);
+llm::ContextParams context_params(const Options& o, int n_ctx);
+
+}  // namespace srv

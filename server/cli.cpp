@@ -1,0 +1,254 @@
+// llm-server's command-line modes (see cli.hpp).
+#include "cli.hpp"
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+
+#include "util.hpp"
+
+namespace srv {
+
+namespace {
+
+// Feeds tokens [0, n) of `tokens` into sequence 0 in chunks of n_batch; returns the logits of the
+// last token (or, with all_logits, appends every row to *all).
+void prefill(llm::Context& ctx, const std::vector<int32_t>& tokens, int start, int n_batch, std::vector<float>* all) {
+    const int n_vocab = ctx.model().hp.n_vocab;
+    llm::Batch batch;
+    for (int b = start; b < (int)tokens.size(); b += n_batch) {
+        batch.clear();
+        int e = std::min((int)tokens.size(), b + n_batch);
+        for (int i = b; i < e; i++) batch.add(tokens[i], i, 0, all != nullptr || i == (int)tokens.size() - 1);
+        ctx.decode(batch);
+        if (all) {
+            for (int i = 0; i < ctx.n_logits(); i++) all->insert(all->end(), ctx.logits(i), ctx.logits(i) + n_vocab);
+        }
+    }
+}
+
+std::vector<int32_t> prompt_tokens(const Options& o, const llm::Model& m, bool add_special, bool parse_special) {
+    if (o.has_prompt_ids) {
+        for (int32_t id : o.prompt_ids) {
+            if (m.hp.n_vocab > 0 && id >= m.hp.n_vocab) usage_error("token id " + std::to_string(id) + " is outside the vocabulary");
+        }
+        return o.prompt_ids;
+    }
+    std::string text = o.prompt_file.empty() ? o.prompt : read_file(o.prompt_file);
+    return m.vocab.tokenize(text, add_special, parse_special);
+}
+
+}  // namespace
+
+int run_tokenize(const Options& o) {
+    llm::ModelOptions mo;
+    mo.vocab_only = true;
+    mo.use_mmap = o.use_mmap;
+    auto m = llm::Model::load(o.model, mo);
+    if (!o.has_prompt && o.prompt_file.empty()) usage_error("--tokenize needs -p TEXT or -f FILE");
+    std::string text = o.prompt_file.empty() ? o.prompt : read_file(o.prompt_file);
+    std::vector<int32_t> ids = m->vocab.tokenize(text, o.add_special, o.parse_special);
+    std::string line;
+    for (size_t i = 0; i < ids.size(); i++) line += (i ? " " : "") + std::to_string(ids[i]);
+    printf("%s\n", line.c_str());
+    return 0;
+}
+
+int run_dump_logits(const Options& o, const llm::Model& m) {
+    std::vector<int32_t> tokens = prompt_tokens(o, m, true, true);
+    if (tokens.empty()) usage_error("the prompt is empty");
+    llm::Context ctx(m, context_params(o, o.n_ctx > 0 ? o.n_ctx : std::max<int>(256, (int)tokens.size())));
+    if ((int)tokens.size() > ctx.n_ctx_seq()) {
+        throw llm::Error("prompt of " + std::to_string(tokens.size()) + " tokens is longer than the context (" +
+                         std::to_string(ctx.n_ctx_seq()) + ")");
+    }
+    std::vector<float> logits;
+    prefill(ctx, tokens, 0, o.n_batch, &logits);
+    FILE* f = fopen(o.dump_logits.c_str(), "wb");
+    if (!f) throw llm::Error("cannot write " + o.dump_logits + ": " + strerror(errno));
+    size_t w = fwrite(logits.data(), sizeof(float), logits.size(), f);
+    if (fclose(f) != 0 || w != logits.size()) throw llm::Error("write to " + o.dump_logits + " failed");
+    fprintf(stderr, "wrote %zu x %d logits to %s\n", tokens.size(), m.hp.n_vocab, o.dump_logits.c_str());
+    return 0;
+}
+
+namespace {
+
+void print_timing(const char* what, double ms, int n) {
+    fprintf(stderr, "%18s = %10.2f ms / %5d tokens (%8.2f ms per token, %8.2f tokens per second)\n", what, ms, n,
+            n > 0 ? ms / n : 0.0, n > 0 && ms > 0 ? 1000.0 * n / ms : 0.0);
+}
+
+}  // namespace
+
+int run_complete(const Options& o, const llm::Model& m) {
+    std::vector<int32_t> tokens = prompt_tokens(o, m, true, true);
+    if (tokens.empty()) usage_error("the prompt is empty");
+    llm::Context ctx(m, context_params(o, o.n_ctx));
+    fprintf(stderr, "kv cache: %.2f MiB for %d tokens, %.2f KiB per token (K %s, V %s); %d threads\n",
+            mib(ctx.kv_bytes()), ctx.n_ctx(), ctx.kv_bytes_per_token() / 1024.0, llm::type_info(o.type_k).name,
+            llm::type_info(o.type_v).name, ctx.n_threads());
+    if ((int)tokens.size() >= ctx.n_ctx_seq()) {
+        throw llm::Error("prompt of " + std::to_string(tokens.size()) + " tokens does not fit the context of " +
+                         std::to_string(ctx.n_ctx_seq()) + " (raise -c)");
+    }
+    if (o.verbose_prompt) {
+        for (int32_t t : tokens) fprintf(stderr, "%6d -> '%s'\n", t, m.vocab.token_to_piece(t).c_str());
+    }
+    llm::Sampler sampler(o.sampling);
+    for (int32_t t : tokens) sampler.accept(t);
+    fputs(o.prompt_file.empty() && !o.has_prompt_ids ? o.prompt.c_str() : "", stdout);
+    fflush(stdout);
+
+    double t0 = now_seconds();
+    prefill(ctx, tokens, 0, o.n_batch, nullptr);
+    double t_prompt = now_seconds() - t0;
+
+    int n_gen = 0, pos = (int)tokens.size();
+    const int limit = o.n_predict < 0 ? ctx.n_ctx_seq() - pos : std::min(o.n_predict, ctx.n_ctx_seq() - pos);
+    double t1 = now_seconds();
+    llm::Batch batch;
+    std::string generated;  // for -r / --reverse-prompt: generation stops once one appears in it
+    auto at_reverse_prompt = [&](size_t before) {
+        return std::any_of(o.reverse_prompts.begin(), o.reverse_prompts.end(), [&](const std::string& r) {
+            return generated.find(r, before > r.size() ? before - r.size() : 0) != std::string::npos;
+        });
+    };
+    while (n_gen < limit) {
+        int32_t tok = sampler.sample(ctx.logits(0), m.hp.n_vocab);
+        sampler.accept(tok);
+        n_gen++;
+        if (m.vocab.is_eog(tok) && !o.ignore_eos) break;
+        const std::string piece = m.vocab.token_to_piece(tok, false);
+        fputs(piece.c_str(), stdout);
+        fflush(stdout);
+        const size_t before = generated.size();
+        generated += piece;
+        if (n_gen == limit || at_reverse_prompt(before)) break;
+        batch.clear();
+        batch.add(tok, pos++, 0, true);
+        ctx.decode(batch);
+    }
+    double t_gen = now_seconds() - t1;
+    printf("\n");
+    fprintf(stderr, "\n");
+    print_timing("prompt eval time", t_prompt * 1000, (int)tokens.size());
+    print_timing("eval time", t_gen * 1000, n_gen);
+    print_timing("total time", (t_prompt + t_gen) * 1000, (int)tokens.size() + n_gen);
+    return 0;
+}
+
+// llama-bench style: pp = one prompt of n_prompt tokens from an empty cache; tg = n_gen single-token
+// steps. Each test repeats; the median is reported with the standard deviation.
+int run_bench(const Options& o, const llm::Model& m) {
+    const int n_prompt = o.has_prompt ? atoi(o.prompt.c_str()) : 512;
+    const int n_gen = o.n_predict < 0 ? 128 : o.n_predict;
+    if (n_prompt < 0 || n_gen < 0 || o.bench_reps <= 0) usage_error("--bench needs -p N >= 0, -n N >= 0, -r N > 0");
+    llm::Context ctx(m, context_params(o, std::max(o.n_ctx, n_prompt + n_gen + 1)));
+    std::mt19937 rng(42);
+    std::vector<int32_t> tokens(std::max(n_prompt, 1));
+    for (auto& t : tokens) t = (int32_t)(rng() % m.hp.n_vocab);
+
+    // Warm-up pass (page in the weights), not measured.
+    prefill(ctx, std::vector<int32_t>(tokens.begin(), tokens.begin() + std::min<size_t>(tokens.size(), 16)), 0, o.n_batch, nullptr);
+    auto measure = [&](bool pp) {
+        std::vector<double> tps;
+        for (int r = 0; r < o.bench_reps; r++) {
+            ctx.seq_truncate(0, 0);
+            double t0 = now_seconds();
+            if (pp) {
+                prefill(ctx, tokens, 0, o.n_batch, nullptr);
+            } else {
+                llm::Batch b;
+                for (int i = 0; i < n_gen; i++) {
+                    b.clear();
+                    b.add(tokens[i % tokens.size()], i, 0, true);
+                    ctx.decode(b);
+                }
+            }
+            tps.push_back((pp ? n_prompt : n_gen) / (now_seconds() - t0));
+        }
+        std::vector<double> sorted = tps;
+        std::sort(sorted.begin(), sorted.end());
+        double median = sorted[sorted.size() / 2], mean = 0, var = 0;
+        for (double x : tps) mean += x / tps.size();
+        for (double x : tps) var += (x - mean) * (x - mean) / std::max<size_t>(1, tps.size() - 1);
+        return std::make_pair(median, std::sqrt(var));
+    };
+    char model_desc[128];
+    snprintf(model_desc, sizeof model_desc, "%s %.0fM", m.arch_str.c_str(), m.n_params() / 1e6);
+    printf("| %-20s | %10s | %8s | %7s | %7s | %16s |\n", "model", "size", "params", "threads", "test", "t/s (median)");
+    printf("| %-20s | %10s | %8s | %7s | %7s | %16s |\n", "---", "---", "---", "---", "---", "---");
+    auto row = [&](const std::string& test, std::pair<double, double> r) {
+        printf("| %-20s | %7.2f MiB | %7.2fM | %7d | %7s | %8.2f ± %5.2f |\n", model_desc, mib(m.weight_bytes()),
+               m.n_params() / 1e6, ctx.n_threads(), test.c_str(), r.first, r.second);
+        fflush(stdout);
+    };
+    if (n_prompt > 0) row("pp" + std::to_string(n_prompt), measure(true));
+    if (n_gen > 0) row("tg" + std::to_string(n_gen), measure(false));
+    return 0;
+}
+
+// --perplexity FILE [--kl-base BASE]: llama-perplexity's numbers (and its --kl-divergence ones).
+int run_perplexity(const Options& o, const llm::Model& m) {
+    std::unique_ptr<llm::Model> base;
+    if (!o.kl_base.empty()) {
+        base = llm::Model::load(o.kl_base, model_options(o));
+    }
+    llm::PerplexityParams p;
+    p.n_ctx = o.n_ctx > 0 ? o.n_ctx : 512;
+    p.n_batch = o.n_batch;
+    p.n_chunks = o.n_chunks;
+    p.n_threads = o.n_threads;
+    llm::PerplexityResult r = llm::evaluate_perplexity(m, base.get(), read_file(o.perplexity_file), p, llm::perplexity_progress_printer(stdout));
+    llm::print_perplexity_report(r, stdout);
+    return 0;
+}
+
+namespace {
+
+std::string human_bytes(size_t b) {
+    char buf[64];
+    if (b >= (1ull << 29)) snprintf(buf, sizeof buf, "%.2f GiB", b / double(1ull << 30));
+    else if (b >= (1ull << 20)) snprintf(buf, sizeof buf, "%.2f MiB", b / double(1ull << 20));
+    else if (b >= 1024) snprintf(buf, sizeof buf, "%.2f KiB", b / 1024.0);
+    else snprintf(buf, sizeof buf, "%zu B", b);
+    return buf;
+}
+
+}  // namespace
+
+// --plan: the KV-cache spreadsheet, from metadata only. -c is the context each slot gets here, so the
+// total is slots x context (the server itself splits -c across its slots: give it -c C*N for N
+// slots of C tokens).
+int run_plan(const Options& o) {
+    llm::ModelOptions mo;
+    mo.metadata_only = true;
+    auto m = llm::Model::load(o.model, mo);
+    const int n_ctx = o.n_ctx > 0 ? o.n_ctx : std::min(m->hp.n_ctx_train, 4096);
+    llm::MemoryPlan p = llm::plan_memory(*m, n_ctx, o.n_parallel, o.type_k, o.type_v, o.n_batch);
+    const llm::HParams& hp = m->hp;
+    printf("model:            %s (%s), %d layers, n_embd %d, %d heads", o.model.c_str(), m->arch_str.c_str(), hp.n_layer, hp.n_embd, hp.n_head);
+    if (hp.mla) printf(", MLA latent %d + rope %d\n", hp.kv_lora_rank, hp.n_rot);
+    else printf(" (%d kv) x %d dims\n", hp.n_head_kv, hp.head_dim_k);
+    printf("weights:          %s (%zu bytes)\n", human_bytes(p.weight_bytes).c_str(), p.weight_bytes);
+    printf("kv per token:     %zu B (%s) with K %s, V %s\n", p.kv_bytes_per_token, human_bytes(p.kv_bytes_per_token).c_str(),
+           llm::type_info(o.type_k).name, hp.mla ? "- (latent)" : llm::type_info(o.type_v).name);
+    printf("kv per slot:      %s (%d tokens)\n", human_bytes(p.kv_bytes_per_slot).c_str(), n_ctx);
+    printf("kv total:         %s (%d slots)\n", human_bytes(p.kv_bytes_total).c_str(), o.n_parallel);
+    printf("compute buffers:  %s (estimate, batch %d)\n", human_bytes(p.compute_bytes).c_str(), o.n_batch);
+    printf("total:            %s\n", human_bytes(p.total_bytes).c_str());
+    if (p.mem_available) {
+        printf("available:        %s -> %s\n", human_bytes(p.mem_available).c_str(), p.fits ? "fits" : "DOES NOT FIT");
+    } else {
+        printf("available:        unknown\n");
+    }
+    printf("server flags:     -c %lld -np %d\n", (long long)n_ctx * o.n_parallel, o.n_parallel);
+    return p.fits ? 0 : 2;
+}
+
+}  // namespace srv

@@ -1,0 +1,617 @@
+// The scheduler (see scheduler.hpp).
+#include "scheduler.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+
+#include "util.hpp"
+
+namespace srv {
+
+void Channel::push(Result r) {
+    {
+        std::lock_guard<std::mutex> lock(mu);
+        q.push_back(std::move(r));
+    }
+    cv.notify_one();
+}
+
+bool Channel::pop(Result& r, int timeout_ms) {
+    std::unique_lock<std::mutex> lock(mu);
+    if (!cv.wait_for(lock, std::chrono::milliseconds(timeout_ms), [&] { return !q.empty(); })) return false;
+    r = std::move(q.front());
+    q.pop_front();
+    return true;
+}
+
+Scheduler::Scheduler(const llm::Model& model, llm::Context& ctx, const SchedulerConfig& cfg)
+    : model_(model), ctx_(ctx), cfg_(cfg), n_ctx_slot_(ctx.n_ctx_seq()), n_vocab_(model.hp.n_vocab) {
+    slots_.resize(cfg_.n_slots);
+    for (int i = 0; i < cfg_.n_slots; i++) slots_[i].id = i;
+    ram_.set_limit(cfg_.ram_cache_bytes);
+    publish();
+}
+
+// ---- any thread ------------------------------------------------------------------------------------
+
+std::shared_ptr<Channel> Scheduler::submit(std::vector<int32_t> prompt, const TaskParams& p) {
+    auto t = std::make_unique<Task>();
+    t->id = next_task_id_++;
+    t->prompt = std::move(prompt);
+    t->p = p;
+    t->ch = std::make_shared<Channel>();
+    auto ch = t->ch;
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        // Requests that will wait for a slot: the queue beyond the idle slots.
+        int waiting = (int)queue_.size() - (cfg_.n_slots - n_busy_);
+        if (waiting >= cfg_.max_queue) {
+            throw ApiError(503, "server is busy: " + std::to_string(queue_.size()) + " requests are waiting for a slot (--max-queue " +
+                                    std::to_string(cfg_.max_queue) + ")", "unavailable_error");
+        }
+        queue_.push_back(std::move(t));
+    }
+    cv_.notify_one();
+    return ch;
+}
+
+void Scheduler::cancel(const std::shared_ptr<Channel>& ch) {
+    ch->cancelled = true;
+    std::lock_guard<std::mutex> lock(mu_);
+    cv_.notify_one();
+}
+
+std::vector<SlotView> Scheduler::slot_views() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return views_;
+}
+
+Load Scheduler::load() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    Load l;
+    l.stats = stats_;
+    l.busy = n_busy_;
+    l.deferred = std::max(0, (int)queue_.size() - (cfg_.n_slots - n_busy_));
+    return l;
+}
+
+void Scheduler::stop() {
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        stop_ = true;
+    }
+    cv_.notify_all();
+}
+
+SlotActionResult Scheduler::slot_action(const SlotAction& a) {
+    auto pa = std::make_shared<PendingAction>();
+    pa->action = a;
+    std::unique_lock<std::mutex> lock(mu_);
+    actions_.push_back(pa);
+    cv_.notify_one();
+    actions_cv_.wait(lock, [&] { return pa->done; });
+    return pa->result;
+}
+
+// ---- scheduler thread ------------------------------------------------------------------------------
+
+Slot* Scheduler::pick_slot(const Task& t, const std::vector<bool>& taken) {
+    if (t.p.id_slot >= 0) {
+        Slot& s = slots_[t.p.id_slot];
+        return s.task || taken[s.id] ? nullptr : &s;
+    }
+    Slot *best = nullptr, *lru = nullptr;
+    size_t best_len = 0;
+    for (Slot& s : slots_) {
+        if (s.task || taken[s.id]) continue;
+        size_t n = t.p.cache_prompt ? common_prefix(s.cache, t.prompt) : 0;
+        if (n > best_len || (n == best_len && best && s.last_used < best->last_used)) {
+            if (n > 0) { best = &s; best_len = n; }
+        }
+        if (!lru || s.last_used < lru->last_used) lru = &s;
+    }
+    return best ? best : lru;
+}
+
+void Scheduler::start_task(Slot& s, std::unique_ptr<Task> t) {
+    const std::vector<int32_t>& prompt = t->prompt;
+    size_t reuse = t->p.cache_prompt ? common_prefix(s.cache, prompt) : 0;
+    if (ram_.enabled()) {
+        // What this request would overwrite goes to host RAM first; a saved state sharing a longer
+        // prefix with the prompt comes back.
+        if (s.cache.size() > reuse && s.cache.size() >= 16) ram_.save(s.cache, ctx_.seq_save(s.id, (int)s.cache.size()));
+        size_t len = 0;
+        if (t->p.cache_prompt) {
+            RamCache::Entry* e = ram_.best(prompt, reuse, &len);
+            // In a unified pool, only when the cells are free anyway (a restore must not push out
+            // running requests).
+            if (e && (int)(e->tokens.size() + s.cache.size()) <= pool_room()) {
+                try {
+                    ctx_.seq_restore(s.id, e->blob);
+                    s.cache = e->tokens;
+                    reuse = len;
+                    log_msg('I', "slot %d: restored %zu tokens from the RAM cache (%zu of them reused)", s.id, e->tokens.size(), len);
+                } catch (const llm::Error& err) {  // the sequence is empty now
+                    log_msg('W', "slot %d: RAM cache restore failed: %s", s.id, err.what());
+                    s.cache.clear();
+                    reuse = 0;
+                }
+            }
+        }
+    }
+    if (reuse >= prompt.size()) reuse = prompt.size() - 1;  // the last prompt token gives the logits
+    ctx_.seq_truncate(s.id, (int)reuse);
+    s.cache.resize(reuse);
+    s.target = prompt;
+    s.sampler = std::make_unique<llm::Sampler>(t->p.sampling);
+    for (int32_t tok : prompt) s.sampler->accept(tok);
+    s.generating = false;
+    s.n_prompt = (int)prompt.size();
+    s.n_cache_reused = (int)reuse;
+    s.n_prompt_evaluated = s.n_decoded = s.n_shifts = 0;
+    s.text.clear();
+    s.n_sent = 0;
+    s.unsent_tokens.clear();
+    s.unsent_probs.clear();
+    s.t_start = now_seconds();
+    s.t_first = 0;
+    s.stop_type = "none";
+    s.stopping_word.clear();
+    s.truncated = false;
+    log_msg('I', "slot %d: task %lld: prompt %zu tokens, %zu cached, n_predict %d", s.id, (long long)t->id, prompt.size(), reuse,
+            t->p.n_predict);
+    s.task = std::move(t);
+}
+
+void Scheduler::release(Slot& s) {
+    s.task.reset();
+    s.generating = false;
+    s.target = s.cache;
+    s.last_used = ++use_clock_;
+    std::lock_guard<std::mutex> lock(mu_);
+    n_busy_--;
+}
+
+void Scheduler::fail_slot(Slot& s, int status, const std::string& msg) {
+    Result r;
+    r.kind = Result::Error;
+    r.status = status;
+    r.message = msg;
+    s.task->ch->push(std::move(r));
+    release(s);
+}
+
+// Sends the generated text that is final: not the start of a possible stop string, not an incomplete
+// UTF-8 sequence.
+void Scheduler::emit_partial(Slot& s) {
+    size_t hold = incomplete_utf8_tail(s.text);
+    for (const std::string& stop : s.task->p.stop) {
+        for (size_t k = std::min(stop.size() - 1, s.text.size()); k > hold; k--) {
+            if (s.text.compare(s.text.size() - k, k, stop, 0, k) == 0) { hold = k; break; }
+        }
+    }
+    size_t end = std::max(s.n_sent, s.text.size() - hold);
+    if (end == s.n_sent) return;
+    Result r;
+    r.text = s.text.substr(s.n_sent, end - s.n_sent);
+    r.slot = s.id;
+    r.n_prompt = s.n_prompt;
+    r.n_predicted = s.n_decoded;
+    r.tokens.swap(s.unsent_tokens);
+    r.probs = std::move(s.unsent_probs);
+    s.unsent_probs.clear();
+    s.n_sent = end;
+    s.task->ch->push(std::move(r));
+}
+
+// Prompt evaluation so far (cached tokens included), for return_progress.
+void Scheduler::send_progress(Slot& s) {
+    Result r;
+    r.kind = Result::Progress;
+    r.slot = s.id;
+    r.n_prompt = s.n_prompt;
+    r.n_cache_reused = s.n_cache_reused;
+    r.n_prompt_evaluated = s.n_cache_reused + s.n_prompt_evaluated;
+    r.prompt_ms = (now_seconds() - s.t_start) * 1000;
+    s.task->ch->push(std::move(r));
+}
+
+// Slot actions waiting for the scheduler thread, answered in order.
+void Scheduler::run_slot_actions() {
+    std::vector<std::shared_ptr<PendingAction>> todo;
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        todo.assign(actions_.begin(), actions_.end());
+        actions_.clear();
+    }
+    for (auto& pa : todo) {
+        SlotActionResult r = do_slot_action(pa->action);
+        std::lock_guard<std::mutex> lock(mu_);
+        pa->result = r;
+        pa->done = true;
+    }
+    if (!todo.empty()) {
+        publish();
+        actions_cv_.notify_all();
+    }
+}
+
+namespace {
+
+// A slot file: "LLMSLOT1", the token count (int32), the tokens (int32 each), then the KV blob.
+const char kSlotMagic[8] = {'L', 'L', 'M', 'S', 'L', 'O', 'T', '1'};
+
+SlotActionResult action_error(int status, const std::string& msg) {
+    SlotActionResult r;
+    r.status = status;
+    r.error = msg;
+    return r;
+}
+
+}  // namespace
+
+SlotActionResult Scheduler::do_slot_action(const SlotAction& a) {
+    if (a.slot < 0 || a.slot >= (int)slots_.size()) return action_error(400, "invalid slot id " + std::to_string(a.slot));
+    Slot& s = slots_[a.slot];
+    if (s.task) return action_error(409, "slot " + std::to_string(a.slot) + " is processing a request");
+    const double t0 = now_seconds();
+    SlotActionResult r;
+    if (a.kind == SlotAction::Erase) {
+        r.n_tokens = (int)s.cache.size();
+        ctx_.seq_truncate(s.id, 0);
+        s.cache.clear();
+        s.target.clear();
+    } else {
+        r = a.kind == SlotAction::Save ? save_slot(s, a.path) : restore_slot(s, a.path);
+        if (r.status != 200) return r;
+    }
+    r.ms = (now_seconds() - t0) * 1000;
+    s.last_used = ++use_clock_;
+    log_msg('I', "slot %d: %s %d tokens", s.id, a.kind == SlotAction::Save ? "saved" : a.kind == SlotAction::Restore ? "restored" : "erased",
+            r.n_tokens);
+    return r;
+}
+
+SlotActionResult Scheduler::save_slot(Slot& s, const std::string& path) {
+    std::vector<uint8_t> blob = ctx_.seq_save(s.id, (int)s.cache.size());
+    const int32_t n = (int32_t)s.cache.size();
+    std::ofstream f(path, std::ios::binary | std::ios::trunc);
+    f.write(kSlotMagic, sizeof kSlotMagic);
+    f.write(reinterpret_cast<const char*>(&n), sizeof n);
+    f.write(reinterpret_cast<const char*>(s.cache.data()), (std::streamsize)(n * sizeof(int32_t)));
+    f.write(reinterpret_cast<const char*>(blob.data()), (std::streamsize)blob.size());
+    if (!f.flush()) return action_error(500, "cannot write the slot file");
+    SlotActionResult r;
+    r.n_tokens = n;
+    r.n_bytes = sizeof kSlotMagic + sizeof n + n * sizeof(int32_t) + blob.size();
+    return r;
+}
+
+// Reads only what a sequence of the file's token count takes in this context, and checks it all
+// before the slot's cache is replaced.
+SlotActionResult Scheduler::restore_slot(Slot& s, const std::string& path) {
+    std::ifstream f(path, std::ios::binary);
+    if (!f) return action_error(404, "slot file not found");
+    char magic[sizeof kSlotMagic] = {};
+    int32_t n = -1;
+    f.read(magic, sizeof magic);
+    f.read(reinterpret_cast<char*>(&n), sizeof n);
+    if (!f || memcmp(magic, kSlotMagic, sizeof magic) != 0 || n < 0 || n > n_ctx_slot_) return action_error(400, "not a slot file of this server");
+    std::vector<int32_t> tokens(n);
+    f.read(reinterpret_cast<char*>(tokens.data()), (std::streamsize)(n * sizeof(int32_t)));
+    const size_t blob_size = sizeof(int32_t) + ctx_.kv_bytes_per_token() * (size_t)n;
+    std::vector<uint8_t> blob(blob_size);
+    f.read(reinterpret_cast<char*>(blob.data()), (std::streamsize)blob_size);
+    const bool trailing = f.peek() != std::char_traits<char>::eof();
+    if (!f || trailing) return action_error(400, "the slot file does not fit this server's context");
+    for (int32_t t : tokens) {
+        if (t < 0 || t >= n_vocab_) return action_error(400, "the slot file holds a token outside the vocabulary");
+    }
+    if (cfg_.kv_unified && n > pool_room() + (int)s.cache.size()) return action_error(503, "the KV cache pool has no room for the slot file");
+    try {
+        ctx_.seq_restore(s.id, blob);
+    } catch (const llm::Error& e) {  // the sequence is empty now
+        s.cache.clear();
+        s.target.clear();
+        return action_error(400, std::string("the slot file does not fit this server's context: ") + e.what());
+    }
+    s.cache = tokens;
+    s.target = tokens;
+    SlotActionResult r;
+    r.n_tokens = n;
+    r.n_bytes = sizeof kSlotMagic + sizeof n + n * sizeof(int32_t) + blob_size;
+    return r;
+}
+
+TokenProb Scheduler::token_prob(const float* logits, int32_t tok, const Slot& s) const {
+    float mx = *std::max_element(logits, logits + n_vocab_);
+    double sum = 0;
+    for (int i = 0; i < n_vocab_; i++) sum += std::exp((double)logits[i] - mx);
+    TokenProb tp;
+    tp.id = tok;
+    tp.logprob = (double)logits[tok] - mx - std::log(sum);
+    tp.top = s.sampler->top_probs(logits, n_vocab_, s.task->p.n_probs);
+    return tp;
+}
+
+void Scheduler::finish(Slot& s, const std::string& stop_type) {
+    const double now = now_seconds();
+    if (s.t_first == 0) s.t_first = now;
+    Result r;
+    r.kind = Result::Final;
+    r.text = s.n_sent < s.text.size() ? s.text.substr(s.n_sent) : "";
+    r.tokens.swap(s.unsent_tokens);
+    r.probs = std::move(s.unsent_probs);
+    s.unsent_probs.clear();
+    r.slot = s.id;
+    r.n_prompt = s.n_prompt;
+    r.n_prompt_evaluated = s.n_prompt_evaluated;
+    r.n_cache_reused = s.n_cache_reused;
+    r.n_predicted = s.n_decoded;
+    r.n_cache = (int)s.cache.size();
+    r.stop_type = stop_type;
+    r.stopping_word = s.stopping_word;
+    r.truncated = s.truncated;
+    r.prompt_ms = (s.t_first - s.t_start) * 1000;
+    r.predicted_ms = (now - s.t_first) * 1000;
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        stats_.prompt_tokens += s.n_prompt_evaluated;
+        stats_.prompt_s += r.prompt_ms / 1000;
+        stats_.predicted_tokens += s.n_decoded;
+        stats_.predicted_s += r.predicted_ms / 1000;
+        stats_.requests_done++;
+    }
+    log_msg('I', "slot %d: task %lld done (%s): prompt %d tokens, %d evaluated in %.1f ms; %d predicted in %.1f ms (%.2f tokens/s)%s",
+            s.id, (long long)s.task->id, stop_type.c_str(), s.n_prompt, s.n_prompt_evaluated, r.prompt_ms, s.n_decoded, r.predicted_ms,
+            r.predicted_ms > 0 ? 1000.0 * s.n_decoded / r.predicted_ms : 0.0,
+            s.n_shifts ? (", " + std::to_string(s.n_shifts) + " context shifts").c_str() : "");
+    s.task->ch->push(std::move(r));
+    release(s);
+}
+
+// --context-shift: the slot is full. Keep the first n_keep tokens, drop half of the rest, and evaluate
+// the kept tail again at its new positions (re-evaluation stands in for a RoPE shift of the cache).
+void Scheduler::context_shift(Slot& s) {
+    const int n_cached = (int)s.cache.size();
+    int n_keep = s.task->p.n_keep < 0 ? s.n_prompt : s.task->p.n_keep;
+    n_keep = std::max(0, std::min(n_keep, n_cached - 2));
+    const int n_discard = (n_cached - n_keep) / 2;
+    std::vector<int32_t> t(s.target.begin(), s.target.begin() + n_keep);
+    t.insert(t.end(), s.target.begin() + n_keep + n_discard, s.target.end());
+    s.target = std::move(t);
+    ctx_.seq_truncate(s.id, n_keep);
+    s.cache.resize(n_keep);
+    s.n_shifts++;
+    log_msg('I', "slot %d: context shift: keep %d, discard %d, evaluate %zu tokens again", s.id, n_keep, n_discard, s.pending());
+}
+
+void Scheduler::on_logits(Slot& s, const float* logits) {
+    const TaskParams& p = s.task->p;
+    if (!s.generating) {
+        s.generating = true;
+        s.t_first = now_seconds();
+        if (p.n_predict == 0) return finish(s, "limit");
+    }
+    const int32_t tok = s.sampler->sample(logits, n_vocab_);
+    s.sampler->accept(tok);
+    s.n_decoded++;
+    if (p.n_probs > 0) s.unsent_probs.push_back(token_prob(logits, tok, s));
+    const llm::Vocab& v = model_.vocab;
+    if (v.is_eog(tok) && !p.ignore_eos) return finish(s, "eos");
+    s.unsent_tokens.push_back(tok);
+    const size_t before = s.text.size();
+    s.text += v.token_to_piece(tok, false);
+    size_t stop_at = std::string::npos;
+    for (const std::string& stop : p.stop) {  // the earliest match that ends in the new piece
+        size_t at = s.text.find(stop, before > stop.size() ? before - stop.size() : 0);
+        if (at < stop_at) { stop_at = at; s.stopping_word = stop; }
+    }
+    if (stop_at != std::string::npos) {
+        s.text.resize(stop_at);
+        s.n_sent = std::min(s.n_sent, stop_at);
+        return finish(s, "word");
+    }
+    if (p.n_predict > 0 && s.n_decoded >= p.n_predict) return finish(s, "limit");
+    s.target.push_back(tok);
+    if ((int)s.cache.size() >= n_ctx_slot_) {  // no cell left for the token just sampled
+        if (!cfg_.context_shift) {
+            s.target.pop_back();
+            log_msg('W', "slot %d: context full (%d tokens): stopping", s.id, n_ctx_slot_);
+            return finish(s, "limit");
+        }
+        context_shift(s);
+    }
+    emit_partial(s);
+}
+
+// One scheduler step: one Batch, one decode. Returns false when there was nothing to evaluate.
+bool Scheduler::step(llm::Batch& batch) {
+    struct Part { Slot* s; size_t n; bool logits; };
+    std::vector<Part> parts;
+    batch.clear();
+    size_t n_next = 0;  // generating slots: one token each
+    for (Slot& s : slots_) n_next += s.task && s.pending() == 1;
+    if (!make_room(std::max<size_t>(n_next, 1))) return false;
+    size_t budget = std::min((size_t)cfg_.budget, (size_t)pool_room());
+    auto add = [&](Slot& s, size_t n) {
+        const size_t from = s.cache.size();
+        const bool logits = n == s.pending();
+        for (size_t i = 0; i < n; i++) batch.add(s.target[from + i], (int32_t)(from + i), s.id, logits && i == n - 1);
+        parts.push_back({&s, n, logits});
+        budget -= n;
+    };
+    // The next token of every generating slot first, then prompt chunks, oldest request first.
+    for (Slot& s : slots_) {
+        if (s.task && s.pending() == 1 && budget > 0) add(s, 1);
+    }
+    std::vector<Slot*> prefill;
+    for (Slot& s : slots_) {
+        if (s.task && s.pending() > 1) prefill.push_back(&s);
+    }
+    std::sort(prefill.begin(), prefill.end(), [](Slot* a, Slot* b) { return a->task->id < b->task->id; });
+    for (Slot* s : prefill) {
+        if (budget == 0) break;
+        add(*s, std::min(budget, s->pending()));
+    }
+    if (parts.empty()) return false;
+    try {
+        ctx_.decode(batch);
+    } catch (const llm::Error& e) {
+        log_msg('E', "decode failed: %s", e.what());
+        for (Part& pt : parts) {
+            pt.s->cache.resize(ctx_.seq_len(pt.s->id));
+            fail_slot(*pt.s, 500, std::string("decode failed: ") + e.what());
+        }
+        return true;
+    }
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        stats_.n_decode++;
+        stats_.n_busy_slots += n_busy_;
+    }
+    int li = 0;
+    for (Part& pt : parts) {
+        Slot& s = *pt.s;
+        const size_t from = s.cache.size();
+        s.cache.insert(s.cache.end(), s.target.begin() + from, s.target.begin() + from + pt.n);
+        if (!s.generating) {
+            s.n_prompt_evaluated += (int)pt.n;
+            if (s.task->p.return_progress) send_progress(s);
+        }
+        if (pt.logits) on_logits(s, ctx_.logits(li++));
+    }
+    return true;
+}
+
+// Cells a step may still add (unified pool): the free pages, less one page for each running slot
+// whose next token may open a new page. Split mode: unbounded here (the per-slot checks guard it).
+int Scheduler::pool_room() {
+    if (!cfg_.kv_unified) return INT32_MAX;
+    const int page = ctx_.kv_page_size();
+    int opening = 0;
+    for (const Slot& s : slots_) opening += s.task && s.cache.size() % page == 0;
+    return std::max(0, ctx_.n_cells_free() - page * opening);
+}
+
+// Frees pool cells until `need` fit: idle slots' caches first (least recently used; they go to the
+// RAM cache), then the youngest running request is stopped. False when no request is left to run.
+bool Scheduler::make_room(size_t need) {
+    while ((size_t)pool_room() < need) {
+        Slot* idle = nullptr;
+        for (Slot& s : slots_) {
+            if (!s.task && !s.cache.empty() && (!idle || s.last_used < idle->last_used)) idle = &s;
+        }
+        if (idle) {
+            if (ram_.enabled() && idle->cache.size() >= 16) ram_.save(idle->cache, ctx_.seq_save(idle->id, (int)idle->cache.size()));
+            log_msg('I', "slot %d: %zu cached tokens evicted to make room in the KV pool", idle->id, idle->cache.size());
+            ctx_.seq_truncate(idle->id, 0);
+            idle->cache.clear();
+            idle->target.clear();
+            continue;
+        }
+        Slot* young = nullptr;
+        for (Slot& s : slots_) {
+            if (s.task && (!young || s.task->id > young->task->id)) young = &s;
+        }
+        if (!young) return false;
+        log_msg('W', "slot %d: the KV pool is full (%d of %d cells used): stopping task %lld", young->id, ctx_.n_cells_used(),
+                ctx_.n_ctx(), (long long)young->task->id);
+        if (young->generating) {
+            young->target.resize(young->cache.size());
+            finish(*young, "limit");
+        } else {
+            fail_slot(*young, 503, "the KV cache pool is full: try again later");
+        }
+        size_t n_next = 0, n_busy = 0;
+        for (Slot& s : slots_) {
+            n_next += s.task && s.pending() == 1;
+            n_busy += s.task != nullptr;
+        }
+        if (n_busy == 0) return false;
+        need = std::max<size_t>(n_next, 1);
+    }
+    return true;
+}
+
+void Scheduler::publish() {
+    std::vector<SlotView> views(slots_.size());
+    int64_t kv = 0;
+    for (size_t i = 0; i < slots_.size(); i++) {
+        const Slot& s = slots_[i];
+        SlotView& v = views[i];
+        v.id = s.id;
+        v.n_past = (int)s.cache.size();
+        kv += v.n_past;
+        v.busy = s.task != nullptr;
+        if (v.busy) {
+            v.task = s.task->id;
+            v.n_decoded = s.n_decoded;
+            v.n_prompt = s.n_prompt;
+            v.n_remain = s.task->p.n_predict < 0 ? -1 : s.task->p.n_predict - s.n_decoded;
+            v.has_new_line = s.text.find('\n') != std::string::npos;
+            v.params = s.task->p;
+        }
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    views_ = std::move(views);
+    stats_.kv_tokens = kv;
+    for (const SlotView& v : views_) stats_.n_tokens_max = std::max<int64_t>(stats_.n_tokens_max, v.n_past);
+}
+
+void Scheduler::run() {
+    llm::Batch batch;
+    for (;;) {
+        std::vector<std::pair<Slot*, std::unique_ptr<Task>>> starts;
+        {
+            std::unique_lock<std::mutex> lock(mu_);
+            cv_.wait(lock, [&] { return stop_ || !queue_.empty() || n_busy_ > 0 || !actions_.empty(); });
+            if (stop_) break;
+            // Waiting requests go to idle slots in arrival order; cancelled ones are dropped.
+            std::vector<bool> taken(slots_.size(), false);
+            for (auto it = queue_.begin(); it != queue_.end();) {
+                if ((*it)->ch->cancelled) { it = queue_.erase(it); continue; }
+                Slot* s = pick_slot(**it, taken);
+                if (!s) { ++it; continue; }
+                taken[s->id] = true;
+                n_busy_++;
+                starts.emplace_back(s, std::move(*it));
+                it = queue_.erase(it);
+            }
+        }
+        run_slot_actions();
+        for (auto& st : starts) start_task(*st.first, std::move(st.second));
+        for (Slot& s : slots_) {
+            if (s.task && s.task->ch->cancelled) {
+                log_msg('I', "slot %d: task %lld cancelled (client gone)", s.id, (long long)s.task->id);
+                release(s);
+            }
+        }
+        step(batch);
+        publish();
+    }
+    for (Slot& s : slots_) {
+        if (s.task) fail_slot(s, 503, "the server is shutting down");
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& pa : actions_) {
+        pa->result.status = 503;
+        pa->result.error = "the server is shutting down";
+        pa->done = true;
+    }
+    actions_.clear();
+    actions_cv_.notify_all();
+    for (auto& t : queue_) {
+        Result r;
+        r.kind = Result::Error;
+        r.status = 503;
+        r.message = "the server is shutting down";
+        t->ch->push(std::move(r));
+    }
+    queue_.clear();
+}
+
+}  // namespace srv
