@@ -3175,6 +3175,24 @@ LLM_AVX2_FN void tile16_avx2(int64_t k, const uint8_t* W, const uint8_t* A, size
     else for (int h = 0; h < 2; h++) Rows::template run<NC, 1>(k, W, A, as, S, ss, ysum, out, ld, h);
 }
 
+// The float accumulators of the kernels below, per half and column: the scaled block sums and the
+// min terms (affine types add theirs, Q4_K/Q5_K/Q2_K subtract them).
+template <int NH, int NC>
+struct RowsAcc {
+    __m256 sum[NH][NC], min[NH][NC];
+    LLM_AVX2_INLINE void clear() {
+        for (int hh = 0; hh < NH; hh++)
+            for (int c = 0; c < NC; c++) sum[hh][c] = min[hh][c] = _mm256_setzero_ps();
+    }
+    template <bool SubtractMins>
+    LLM_AVX2_INLINE void store(float* out, int64_t ld, int h0) const {
+        for (int hh = 0; hh < NH; hh++)
+            for (int c = 0; c < NC; c++)
+                _mm256_storeu_ps(out + c * ld + 8 * (h0 + hh),
+                                 SubtractMins ? _mm256_sub_ps(sum[hh][c], min[hh][c]) : _mm256_add_ps(sum[hh][c], min[hh][c]));
+    }
+};
+
 // tile16_b32 on AVX2.
 template <class G, int Offset, bool Table>
 struct RowsB32 {
@@ -3186,9 +3204,8 @@ struct RowsB32 {
         const int64_t nb = k / 32;
         const G* x = (const G*)W;
         const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)kIQ4NLValues));
-        __m256 acc[NH][NC], accm[NH][NC];
-        for (int hh = 0; hh < NH; hh++)
-            for (int c = 0; c < NC; c++) acc[hh][c] = accm[hh][c] = _mm256_setzero_ps();
+        RowsAcc<NH, NC> acc;
+        acc.clear();
         for (int64_t b = 0; b < nb; b++) {
             const G& B = x[b];
             prefetch_ahead<sizeof(G)>(&B);
@@ -3222,15 +3239,14 @@ struct RowsB32 {
                         dot = dot_runs<8, safe_run(kHasHigh<G> ? 31 : 15)>(u, y.qs, _mm256_set1_epi16(1));
                         if constexpr (Offset != 0) dot = _mm256_sub_epi32(dot, _mm256_set1_epi32(Offset * ysum[c * nb + b]));
                     }
-                    acc[hh][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(dx, _mm256_set1_ps(S[c * ss + b])), acc[hh][c]);
+                    acc.sum[hh][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(dx, _mm256_set1_ps(S[c * ss + b])), acc.sum[hh][c]);
                     if constexpr (kHasMin<G>)
-                        accm[hh][c] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(B.m + 8 * h))),
-                                                      _mm256_set1_ps(S[c * ss + nb + b]), accm[hh][c]);
+                        acc.min[hh][c] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(B.m + 8 * h))),
+                                                      _mm256_set1_ps(S[c * ss + nb + b]), acc.min[hh][c]);
                 }
             }
         }
-        for (int hh = 0; hh < NH; hh++)
-            for (int c = 0; c < NC; c++) _mm256_storeu_ps(out + c * ld + 8 * (h0 + hh), _mm256_add_ps(acc[hh][c], accm[hh][c]));
+        acc.template store<false>(out, ld, h0);
     }
 };
 
@@ -3242,9 +3258,8 @@ struct RowsQ45K {
                                     float* out, int64_t ld, int h0) {
         const int64_t nb = k / QK_K;
         const G* x = (const G*)W;
-        __m256 acc[NH][NC], accm[NH][NC];
-        for (int hh = 0; hh < NH; hh++)
-            for (int c = 0; c < NC; c++) acc[hh][c] = accm[hh][c] = _mm256_setzero_ps();
+        RowsAcc<NH, NC> acc;
+        acc.clear();
         for (int64_t b = 0; b < nb; b++) {
             const G& B = x[b];
             alignas(32) uint8_t sc[128], mn[128];
@@ -3289,13 +3304,12 @@ struct RowsQ45K {
                         msum = _mm256_add_epi32(msum, _mm256_madd_epi16(_mm256_cvtepu8_epi16(_mm_load_si128((const __m128i*)(mn + 32 * p + 16 * h))),
                                                                         _mm256_set1_epi32(pair[p])));
                     const __m256 yd = _mm256_set1_ps(y[c]->d);
-                    acc[hh][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[c]), _mm256_mul_ps(dx, yd), acc[hh][c]);
-                    accm[hh][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(msum), _mm256_mul_ps(mx, yd), accm[hh][c]);
+                    acc.sum[hh][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[c]), _mm256_mul_ps(dx, yd), acc.sum[hh][c]);
+                    acc.min[hh][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(msum), _mm256_mul_ps(mx, yd), acc.min[hh][c]);
                 }
             }
         }
-        for (int hh = 0; hh < NH; hh++)
-            for (int c = 0; c < NC; c++) _mm256_storeu_ps(out + c * ld + 8 * (h0 + hh), _mm256_sub_ps(acc[hh][c], accm[hh][c]));
+        acc.template store<true>(out, ld, h0);
     }
 };
 
@@ -3312,9 +3326,8 @@ struct RowsK16 {
         const __m256i odd = _mm256_add_epi8(even, _mm256_set1_epi8(2));
         const int64_t nb = k / QK_K;
         const G* x = (const G*)W;
-        __m256 acc[NH][NC], accm[NH][NC];
-        for (int hh = 0; hh < NH; hh++)
-            for (int c = 0; c < NC; c++) acc[hh][c] = accm[hh][c] = _mm256_setzero_ps();
+        RowsAcc<NH, NC> acc;
+        acc.clear();
         for (int64_t b = 0; b < nb; b++) {
             const G& B = x[b];
             const block_q8_K* y[NC];
@@ -3346,18 +3359,17 @@ struct RowsK16 {
                                                                       _mm256_set1_epi32((int)load_u32((const uint8_t*)(y[c]->bsums + 2 * p)))));
                     const __m256 yd = _mm256_set1_ps(y[c]->d);
                     if constexpr (kMins) {
-                        acc[hh][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[c]), _mm256_mul_ps(dx, yd), acc[hh][c]);
+                        acc.sum[hh][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[c]), _mm256_mul_ps(dx, yd), acc.sum[hh][c]);
                         const __m256 mx = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(B.dmin + 8 * h)));
-                        accm[hh][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(off), _mm256_mul_ps(mx, yd), accm[hh][c]);
+                        acc.min[hh][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(off), _mm256_mul_ps(mx, yd), acc.min[hh][c]);
                     } else {
                         const __m256i sumi = _mm256_sub_epi32(isum[c], _mm256_slli_epi32(off, T::kOffsetShift));
-                        acc[hh][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi), _mm256_mul_ps(dx, yd), acc[hh][c]);
+                        acc.sum[hh][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi), _mm256_mul_ps(dx, yd), acc.sum[hh][c]);
                     }
                 }
             }
         }
-        for (int hh = 0; hh < NH; hh++)
-            for (int c = 0; c < NC; c++) _mm256_storeu_ps(out + c * ld + 8 * (h0 + hh), _mm256_sub_ps(acc[hh][c], accm[hh][c]));
+        acc.template store<true>(out, ld, h0);
     }
 };
 #endif
