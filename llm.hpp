@@ -15,8 +15,9 @@
 //   3. Block layouts         ggml's quantized blocks, byte for byte, the type table, interleaved groups
 //   4. GGUF reader           mmap, bounds-checked parser, split files, metadata access
 //   5. Quantized rows        dequantization, activation/KV quantization, scalar dot products
-//   6. SIMD kernels          run-time dispatch (cpuid + XCR0), AVX2 / AVX-512 tiles, 16-row interleaved
-//                            weights and their AVX-512 VNNI kernels, attention scores and weighted sums
+//   6. SIMD kernels          run-time dispatch (cpuid + XCR0, $LLM_ISA), AVX2 / AVX-512 tiles, 16-row
+//                            interleaved weights and their AVX-512 VNNI and AVX2 kernels, attention
+//                            scores and weighted sums
 //   7. Weight quantizers     K-quants and IQ4_NL as llama-quantize writes them
 //   8. GGUF writer           streamed v3 output; its temp file removed on errors, on signals
 //                            (remove_unfinished_outputs) and, for dead processes, by the next writer
@@ -195,14 +196,15 @@ void matmul_rows(Type wt, const uint8_t* W, size_t w_row_bytes, int64_t k, int64
 // SIMD level used by vec_dot / matmul_rows, chosen once from cpuid + XCR0.
 enum class Isa { Scalar = 0, AVX2 = 1, AVX512 = 2 };
 Isa isa_best();                  // the best instruction set this CPU and OS support
-Isa isa_current();               // the one in use (initially isa_best())
+Isa isa_current();               // the one in use (initially isa_best(), or $LLM_ISA: scalar|avx2|avx512)
 void isa_set(Isa isa);           // force one (tests, benchmarks); throws Error if unsupported
 std::string isa_name(Isa isa);
 
-// Interleaved weights: matmul weights repacked at load for the AVX-512 VNNI kernels. Each group of 16
+// Interleaved weights: matmul weights repacked at load for the interleaved kernels. Each group of 16
 // rows is stored so that one 512-bit register holds four consecutive values of each of the 16 rows,
 // the operand of vpdpbusd against four broadcast activation bytes, so a row group is multiplied by a
-// column without any horizontal sums. A group keeps exactly the bytes of its 16 rows (tensor sizes
+// column without any horizontal sums; on AVX2 (and AVX-512 without VNNI) each half of such a line is
+// a 256-bit register of 8 rows for vpmaddubsw, with bit-identical results. A group keeps exactly the bytes of its 16 rows (tensor sizes
 // and expert offsets do not change), and the repacking is lossless (deinterleave gives the file's
 // bytes back). Types: Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL.
 constexpr int kInterleaveRows = 16;
@@ -661,6 +663,9 @@ struct ContextParams {
     int n_ctx = 0;           // total cells; 0 = the model's training context capped at 4096
     int n_seq = 1;           // independent sequences (server slots); each gets n_ctx / n_seq cells
     int n_threads = 0;       // 0 = physical cores
+    int n_threads_batch = 0; // threads for batches of more than one token (prefill); 0 = n_threads
+    int poll = 50;           // 0..100: how long idle workers busy-wait for the next job before they
+                             // sleep (llama.cpp's --poll; 0 sleeps at once, spares a shared host's quota)
     Type type_k = Type::F16, type_v = Type::F16;
     bool kv_unified = false;  // one pool for all sequences instead of n_ctx / n_seq each
     bool moe_grouped = true;  // MoE prefill runs each expert once over all its tokens (false: token by token)
@@ -943,6 +948,7 @@ void moe_route(const HParams& hp, const float* router_logits, const float* selec
 #define LLM_IMPLEMENTATION_DONE
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cctype>
 #include <cerrno>
@@ -951,6 +957,7 @@ void moe_route(const HParams& hp, const float* router_logits, const float* selec
 #include <condition_variable>
 #include <cstdarg>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <cctype>
@@ -2260,7 +2267,7 @@ struct IsaKernels {
 // (a false alarm); the 512-bit kernels are wrapped in these.
 #define LLM_AVX512_WARNINGS_OFF                                                                    \
     _Pragma("GCC diagnostic push") _Pragma("GCC diagnostic ignored \"-Wmaybe-uninitialized\"")      \
-        _Pragma("GCC diagnostic ignored \"-Wuninitialized\"")
+        _Pragma("GCC diagnostic ignored \"-Wuninitialized\"") _Pragma("GCC diagnostic ignored \"-Wpsabi\"")
 #define LLM_AVX512_WARNINGS_ON _Pragma("GCC diagnostic pop")
 
 // Sum of unsigned bytes a times signed bytes b, in groups of four, into eight int32 lanes.
@@ -2772,10 +2779,26 @@ Isa isa_best() {
     return f.avx512 ? Isa::AVX512 : f.avx2 ? Isa::AVX2 : Isa::Scalar;
 }
 
+// The initial choice: isa_best(), or what the environment variable LLM_ISA names (scalar, avx2 or
+// avx512) when the CPU supports it, so benchmarks and tests can run a lower tier in any program.
+static Isa isa_initial() {
+    const char* env = getenv("LLM_ISA");
+    if (!env || !*env) return isa_best();
+    for (Isa isa : {Isa::Scalar, Isa::AVX2, Isa::AVX512}) {
+        const std::string name = isa == Isa::AVX512 ? "avx512" : isa_name(isa);
+        if (name != env) continue;
+        if ((int)isa <= (int)isa_best()) return isa;
+        fprintf(stderr, "llm: LLM_ISA=%s is not supported by this CPU, using %s\n", env, isa_name(isa_best()).c_str());
+        return isa_best();
+    }
+    fprintf(stderr, "llm: LLM_ISA=%s is not one of scalar, avx2, avx512; using %s\n", env, isa_name(isa_best()).c_str());
+    return isa_best();
+}
+
 Isa isa_current() {
     int s = qimpl::isa_state().load(std::memory_order_relaxed);
     if (s < 0) {
-        s = (int)isa_best();
+        s = (int)isa_initial();
         qimpl::isa_state().store(s, std::memory_order_relaxed);
     }
     return (Isa)s;
@@ -3128,16 +3151,18 @@ void deinterleave_group(const uint8_t* group, int64_t nb, uint8_t* rows, size_t 
 }
 
 #ifdef LLM_X86
-// All N 6-bit values of a put6 layout, as bytes in element order.
+// All N 6-bit values of a put6 layout, as bytes in element order (32-byte steps, so both the AVX2 and
+// the AVX-512 kernels use it).
 template <int N>
-LLM_AVX512_INLINE void unpack6(const uint8_t* lo, const uint8_t* hi, int base, uint8_t* out) {
-    const __m512i m4 = _mm512_set1_epi8(0x0F), m2 = _mm512_set1_epi8(3), h = _mm512_loadu_si512(hi);
-#pragma GCC unroll 4
-    for (int q = 0; q < N / 64; q++) {  // elements 64q..64q+63
-        const __m512i l = _mm512_loadu_si512(lo + 64 * (q % (N / 128)));
-        const __m512i low = _mm512_and_si512(q < N / 128 ? l : _mm512_srli_epi16(l, 4), m4);
-        const __m512i top = _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(h, base + 2 * q), m2), 4);
-        _mm512_store_si512(out + 64 * q, _mm512_or_si512(low, top));
+LLM_AVX2_INLINE void unpack6(const uint8_t* lo, const uint8_t* hi, int base, uint8_t* out) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(3);
+#pragma GCC unroll 8
+    for (int q = 0; q < N / 32; q++) {  // elements 32q..32q+31
+        const __m256i l = load256(lo + 32 * (q % (N / 64)));
+        const __m256i low = _mm256_and_si256(q < N / 64 ? l : _mm256_srli_epi16(l, 4), m4);
+        const __m256i h = load256(hi + 32 * (q % 2));
+        const __m256i top = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, base + 2 * (q / 2)), m2), 4);
+        _mm256_store_si256((__m256i*)(out + 32 * q), _mm256_or_si256(low, top));
     }
 }
 // 16 interleaved Q4_K (Q5_K) rows times NC q8_K columns: out[c * ld + r]. Per sub-block and column, eight
@@ -3219,6 +3244,9 @@ LLM_AVX512VNNI_FN void tile16_q45_K(int64_t k, const uint8_t* W, const uint8_t* 
 LLM_AVX512_INLINE __m512i two_bits(const uint8_t (*q)[64], int g) {
     return _mm512_and_si512(_mm512_srli_epi16(_mm512_loadu_si512(q[g % 16]), 2 * (g / 16)), _mm512_set1_epi8(3));
 }
+LLM_AVX2_INLINE __m256i two_bits_half(const uint8_t (*q)[64], int g, int h) { return shr_mask(load256(q[g % 16] + 32 * h), 2 * (g / 16), 3); }
+// The bytes of half h of a 64-bit per-row mask (bit 4 * row + j; rows 8h..8h+7), 0xFF where set.
+LLM_AVX2_INLINE __m256i mask_half(const uint64_t& m, int h) { return bits32((const uint8_t*)&m + 4 * h); }
 struct I16Q6K {
     using G = block_q6_K_x16;
     static constexpr int kOffsetShift = 5;
@@ -3228,6 +3256,15 @@ struct I16Q6K {
     static LLM_AVX512_INLINE __m512i group(const G& B, int g) {
         const __m512i lo = _mm512_and_si512(_mm512_srli_epi16(_mm512_loadu_si512(B.ql[g % 32]), 4 * (g / 32)), _mm512_set1_epi8(0x0F));
         return _mm512_or_si512(lo, _mm512_slli_epi16(two_bits(B.qh, g), 4));
+    }
+    // The same for rows 8h..8h+7 (the AVX2 kernels, see tile16_avx2).
+    static constexpr int kMaxValue = 63;
+    static LLM_AVX2_INLINE void scales_half(const G& B, int h, __m256i sc16[8]) {
+        for (int p = 0; p < 8; p++) sc16[p] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)B.scales[p][8 * h]));
+    }
+    static LLM_AVX2_INLINE __m256i group_half(const G& B, int g, int h) {
+        const __m256i lo = shr_mask(load256(B.ql[g % 32] + 32 * h), 4 * (g / 32), 0x0F);
+        return _mm256_or_si256(lo, _mm256_slli_epi16(two_bits_half(B.qh, g, h), 4));
     }
 };
 struct I16Q3K {
@@ -3243,6 +3280,16 @@ struct I16Q3K {
         const __m512i lo = two_bits(B.ql, g);
         return _mm512_mask_add_epi8(lo, (__mmask64)B.qh[g], lo, _mm512_set1_epi8(4));
     }
+    static constexpr int kMaxValue = 7;
+    static LLM_AVX2_INLINE void scales_half(const G& B, int h, __m256i sc16[8]) {
+        alignas(32) uint8_t sc[256];
+        unpack6<256>(B.scales_lo, B.scales_hi, 0, sc);
+        for (int p = 0; p < 8; p++)
+            sc16[p] = _mm256_sub_epi16(_mm256_cvtepu8_epi16(_mm_load_si128((const __m128i*)(sc + 32 * p + 16 * h))), _mm256_set1_epi16(32));
+    }
+    static LLM_AVX2_INLINE __m256i group_half(const G& B, int g, int h) {
+        return _mm256_or_si256(two_bits_half(B.ql, g, h), _mm256_and_si256(mask_half(B.qh[g], h), _mm256_set1_epi8(4)));
+    }
 };
 struct I16Q2K {  // unsigned 0..3 with a scale and a min per sub-block (no offset)
     using G = block_q2_K_x16;
@@ -3255,6 +3302,17 @@ struct I16Q2K {  // unsigned 0..3 with a scale and a min per sub-block (no offse
         for (int p = 0; p < 8; p++) mn16[p] = _mm512_srli_epi16(_mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)(B.scales + 32 * p))), 4);
     }
     static LLM_AVX512_INLINE __m512i group(const G& B, int g) { return two_bits(B.ql, g); }
+    static constexpr int kMaxValue = 3;
+    static LLM_AVX2_INLINE __m256i scale_bytes(const G& B, int h, int p) {
+        return _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i*)(B.scales + 32 * p + 16 * h)));
+    }
+    static LLM_AVX2_INLINE void scales_half(const G& B, int h, __m256i sc16[8]) {
+        for (int p = 0; p < 8; p++) sc16[p] = _mm256_and_si256(scale_bytes(B, h, p), _mm256_set1_epi16(15));
+    }
+    static LLM_AVX2_INLINE void mins_half(const G& B, int h, __m256i mn16[8]) {
+        for (int p = 0; p < 8; p++) mn16[p] = _mm256_srli_epi16(scale_bytes(B, h, p), 4);
+    }
+    static LLM_AVX2_INLINE __m256i group_half(const G& B, int g, int h) { return two_bits_half(B.ql, g, h); }
 };
 template <class G>
 using I16Of = std::conditional_t<std::is_same_v<G, block_q6_K_x16>, I16Q6K, std::conditional_t<std::is_same_v<G, block_q3_K_x16>, I16Q3K, I16Q2K>>;
@@ -3383,6 +3441,253 @@ LLM_AVX512VNNI_FN void tile16_b32(int64_t k, const uint8_t* W, const uint8_t* A,
     for (int c = 0; c < NC; c++) _mm512_storeu_ps(out + c * ld, _mm512_add_ps(acc[c], accm[c]));
 }
 LLM_AVX512_WARNINGS_ON
+
+// ---- the same groups on AVX2 hosts (and AVX-512 ones without VNNI) ----
+// A group's 64-byte lines hold four values of each of its 16 rows; a line's halves (bytes 32h..32h+31)
+// are rows 8h..8h+7, so one 256-bit register advances 8 rows per instruction. Without VNNI the byte
+// products come from vpmaddubsw (unsigned x signed pairs summed in int16, saturating): four-value
+// groups are summed in int16 in runs short enough never to saturate, then multiplied by the rows'
+// scales with vpmaddwd into int32 (exact). Q8_0 and IQ4_NL, whose stored bytes are too large for
+// that, multiply |w| by y with w's sign. The integer block sums and the float steps are those of the
+// AVX-512 kernels above, so both tiers give bit-identical results.
+
+// Groups per int16 run for unsigned weight values up to UMax against activations |y| <= 128.
+constexpr int safe_run(int umax) { return 32767 / (2 * 128 * umax); }
+
+// Per row (8 lanes): sum over i < N of u[i] . (the four activation bytes at y + 4i), times scale16
+// (each row's scale in both int16 halves of its lane), in int16 runs of Run groups.
+template <int N, int Run>
+LLM_AVX2_INLINE __m256i dot_runs(const __m256i* u, const int8_t* y, __m256i scale16) {
+    __m256i sum = _mm256_setzero_si256(), run = _mm256_setzero_si256();
+#pragma GCC unroll 8
+    for (int i = 0; i < N; i++) {
+        run = _mm256_add_epi16(run, _mm256_maddubs_epi16(u[i], _mm256_set1_epi32((int)load_u32((const uint8_t*)y + 4 * i))));
+        if ((i + 1) % Run == 0 || i == N - 1) {
+            sum = _mm256_add_epi32(sum, _mm256_madd_epi16(run, scale16));
+            run = _mm256_setzero_si256();
+        }
+    }
+    return sum;
+}
+// The same for signed weights w (|w| <= 127, w_abs = |w|), each group summed in int32.
+template <int N>
+LLM_AVX2_INLINE __m256i dot_signed(const __m256i* w, const __m256i* w_abs, const int8_t* y) {
+    __m256i sum = _mm256_setzero_si256();
+#pragma GCC unroll 8
+    for (int i = 0; i < N; i++) {
+        const __m256i yi = _mm256_set1_epi32((int)load_u32((const uint8_t*)y + 4 * i));
+        sum = _mm256_add_epi32(sum, _mm256_madd_epi16(_mm256_maddubs_epi16(w_abs[i], _mm256_sign_epi8(yi, w[i])), _mm256_set1_epi16(1)));
+    }
+    return sum;
+}
+
+// Each kernel below computes NC columns for the NH halves from h0: with few columns both halves in
+// one pass over the group, with more (whose accumulators fill the 16 registers) a pass per half,
+// the second from cache.
+template <class Rows, int NC>
+LLM_AVX2_FN void tile16_avx2(int64_t k, const uint8_t* W, const uint8_t* A, size_t as, const float* S, int64_t ss,
+                             const int32_t* ysum, float* out, int64_t ld) {
+    if constexpr (NC <= 2) Rows::template run<NC, 2>(k, W, A, as, S, ss, ysum, out, ld, 0);
+    else for (int h = 0; h < 2; h++) Rows::template run<NC, 1>(k, W, A, as, S, ss, ysum, out, ld, h);
+}
+
+// The float accumulators of the kernels below, per half and column: the scaled block sums and the
+// min terms (affine types add theirs, Q4_K/Q5_K/Q2_K subtract them).
+template <int NH, int NC>
+struct RowsAcc {
+    __m256 sum[NH][NC], min[NH][NC];
+    LLM_AVX2_INLINE void clear() {
+        for (int hh = 0; hh < NH; hh++)
+            for (int c = 0; c < NC; c++) sum[hh][c] = min[hh][c] = _mm256_setzero_ps();
+    }
+    template <bool SubtractMins>
+    LLM_AVX2_INLINE void store(float* out, int64_t ld, int h0) const {
+        for (int hh = 0; hh < NH; hh++)
+            for (int c = 0; c < NC; c++)
+                _mm256_storeu_ps(out + c * ld + 8 * (h0 + hh),
+                                 SubtractMins ? _mm256_sub_ps(sum[hh][c], min[hh][c]) : _mm256_add_ps(sum[hh][c], min[hh][c]));
+    }
+};
+
+// tile16_b32 on AVX2.
+template <class G, int Offset, bool Table>
+struct RowsB32 {
+    template <int NC, int NH>
+    static LLM_AVX2_INLINE void run(int64_t k, const uint8_t* W, const uint8_t* A, size_t as, const float* S, int64_t ss,
+                                    const int32_t* ysum, float* out, int64_t ld, int h0) {
+        using Y = std::conditional_t<kHasMin<G>, block_q8_1, block_q8_0>;
+        constexpr bool kSigned = Offset == 128;
+        const int64_t nb = k / 32;
+        const G* x = (const G*)W;
+        const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)kIQ4NLValues));
+        RowsAcc<NH, NC> acc;
+        acc.clear();
+        for (int64_t b = 0; b < nb; b++) {
+            const G& B = x[b];
+            prefetch_ahead<sizeof(G)>(&B);
+#pragma GCC unroll 2
+            for (int hh = 0; hh < NH; hh++) {
+                const int h = h0 + hh;
+                __m256i u[8], u_abs[8];
+                if constexpr (kHasBytes<G>) {
+                    for (int i = 0; i < 8; i++) u[i] = _mm256_xor_si256(load256(B.qs[i] + 32 * h), _mm256_set1_epi8((char)0x80));
+                } else {
+                    for (int c = 0; c < 4; c++) {
+                        const __m256i q = load256(B.qs[c] + 32 * h);
+                        u[c] = _mm256_and_si256(q, _mm256_set1_epi8(0x0F));
+                        u[c + 4] = shr_mask(q, 4, 0x0F);
+                    }
+                }
+                if constexpr (kHasHigh<G>)
+                    for (int i = 0; i < 8; i++) u[i] = _mm256_or_si256(u[i], _mm256_and_si256(mask_half(B.qh[i], h), _mm256_set1_epi8(16)));
+                if constexpr (Table)
+                    for (int i = 0; i < 8; i++) u[i] = _mm256_shuffle_epi8(table, u[i]);
+                if constexpr (kSigned)
+                    for (int i = 0; i < 8; i++) u_abs[i] = _mm256_abs_epi8(u[i]);
+                const __m256 dx = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(B.d + 8 * h)));
+#pragma GCC unroll 8
+                for (int c = 0; c < NC; c++) {
+                    const Y& y = ((const Y*)(A + c * as))[b];
+                    __m256i dot;
+                    if constexpr (kSigned) {
+                        dot = dot_signed<8>(u, u_abs, y.qs);
+                    } else {
+                        dot = dot_runs<8, safe_run(kHasHigh<G> ? 31 : 15)>(u, y.qs, _mm256_set1_epi16(1));
+                        if constexpr (Offset != 0) dot = _mm256_sub_epi32(dot, _mm256_set1_epi32(Offset * ysum[c * nb + b]));
+                    }
+                    acc.sum[hh][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(dx, _mm256_set1_ps(S[c * ss + b])), acc.sum[hh][c]);
+                    if constexpr (kHasMin<G>)
+                        acc.min[hh][c] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(B.m + 8 * h))),
+                                                      _mm256_set1_ps(S[c * ss + nb + b]), acc.min[hh][c]);
+                }
+            }
+        }
+        acc.template store<false>(out, ld, h0);
+    }
+};
+
+// tile16_q45_K on AVX2.
+template <class G>
+struct RowsQ45K {
+    template <int NC, int NH>
+    static LLM_AVX2_INLINE void run(int64_t k, const uint8_t* W, const uint8_t* A, size_t as, const float*, int64_t, const int32_t*,
+                                    float* out, int64_t ld, int h0) {
+        const int64_t nb = k / QK_K;
+        const G* x = (const G*)W;
+        RowsAcc<NH, NC> acc;
+        acc.clear();
+        for (int64_t b = 0; b < nb; b++) {
+            const G& B = x[b];
+            alignas(32) uint8_t sc[128], mn[128];
+            unpack6<128>(B.scales_lo, B.hi, 0, sc);
+            unpack6<128>(B.mins_lo, B.hi, 4, mn);
+            const block_q8_K* y[NC];
+            for (int c = 0; c < NC; c++) y[c] = (const block_q8_K*)(A + c * as) + b;
+#pragma GCC unroll 2
+            for (int hh = 0; hh < NH; hh++) {
+                const int h = h0 + hh;
+                __m256i isum[NC];
+                for (int c = 0; c < NC; c++) isum[c] = _mm256_setzero_si256();
+                for (int sb = 0; sb < 8; sb++) {
+                    if (hh == 0) prefetch_ahead<sizeof(G) / 8>((const char*)&B + sb * (sizeof(G) / 8));
+                    __m256i u[8];  // values 4i..4i+3 of the sub-block
+#pragma GCC unroll 4
+                    for (int ch = 0; ch < 4; ch++) {
+                        const __m256i q = load256(B.qs[sb][ch] + 32 * h);
+                        u[ch] = _mm256_and_si256(q, _mm256_set1_epi8(0x0F));
+                        u[ch + 4] = shr_mask(q, 4, 0x0F);
+                        if constexpr (kHasHigh<G>) {
+                            u[ch] = _mm256_or_si256(u[ch], _mm256_and_si256(mask_half(B.qh[sb][ch], h), _mm256_set1_epi8(16)));
+                            u[ch + 4] = _mm256_or_si256(u[ch + 4], _mm256_and_si256(mask_half(B.qh[sb][ch + 4], h), _mm256_set1_epi8(16)));
+                        }
+                    }
+                    const __m256i s32 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(sc + 16 * sb + 8 * h)));
+                    const __m256i scale16 = _mm256_or_si256(s32, _mm256_slli_epi32(s32, 16));
+#pragma GCC unroll 8
+                    for (int c = 0; c < NC; c++)
+                        isum[c] = _mm256_add_epi32(isum[c], dot_runs<8, safe_run(kHasHigh<G> ? 31 : 15)>(u, y[c]->qs + 32 * sb, scale16));
+                }
+                const __m256 dx = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(B.d + 8 * h)));
+                const __m256 mx = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(B.dmin + 8 * h)));
+#pragma GCC unroll 8
+                for (int c = 0; c < NC; c++) {
+                    // sums of 32 values per sub-block, two sub-blocks per 32-bit word
+                    const __m256i bs = load256(y[c]->bsums);
+                    alignas(16) int32_t pair[4];
+                    _mm_store_si128((__m128i*)pair, _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1)));
+                    __m256i msum = _mm256_setzero_si256();
+                    for (int p = 0; p < 4; p++)
+                        msum = _mm256_add_epi32(msum, _mm256_madd_epi16(_mm256_cvtepu8_epi16(_mm_load_si128((const __m128i*)(mn + 32 * p + 16 * h))),
+                                                                        _mm256_set1_epi32(pair[p])));
+                    const __m256 yd = _mm256_set1_ps(y[c]->d);
+                    acc.sum[hh][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[c]), _mm256_mul_ps(dx, yd), acc.sum[hh][c]);
+                    acc.min[hh][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(msum), _mm256_mul_ps(mx, yd), acc.min[hh][c]);
+                }
+            }
+        }
+        acc.template store<true>(out, ld, h0);
+    }
+};
+
+// tile16_k16 on AVX2.
+template <class T>
+struct RowsK16 {
+    template <int NC, int NH>
+    static LLM_AVX2_INLINE void run(int64_t k, const uint8_t* W, const uint8_t* A, size_t as, const float*, int64_t, const int32_t*,
+                                    float* out, int64_t ld, int h0) {
+        using G = typename T::G;
+        constexpr bool kMins = std::is_same_v<T, I16Q2K>;
+        // vpshufb patterns giving each 32-bit lane its int16 of the even / the odd sub-block twice
+        const __m256i even = _mm256_setr_epi8(0, 1, 0, 1, 4, 5, 4, 5, 8, 9, 8, 9, 12, 13, 12, 13, 0, 1, 0, 1, 4, 5, 4, 5, 8, 9, 8, 9, 12, 13, 12, 13);
+        const __m256i odd = _mm256_add_epi8(even, _mm256_set1_epi8(2));
+        const int64_t nb = k / QK_K;
+        const G* x = (const G*)W;
+        RowsAcc<NH, NC> acc;
+        acc.clear();
+        for (int64_t b = 0; b < nb; b++) {
+            const G& B = x[b];
+            const block_q8_K* y[NC];
+            for (int c = 0; c < NC; c++) y[c] = (const block_q8_K*)(A + c * as) + b;
+#pragma GCC unroll 2
+            for (int hh = 0; hh < NH; hh++) {
+                const int h = h0 + hh;
+                __m256i sc16[8], mn16[8];
+                T::scales_half(B, h, sc16);
+                if constexpr (kMins) T::mins_half(B, h, mn16);
+                __m256i isum[NC];
+                for (int c = 0; c < NC; c++) isum[c] = _mm256_setzero_si256();
+                for (int sb = 0; sb < 16; sb++) {
+                    if (hh == 0) prefetch_ahead<sizeof(G) / 16>((const char*)&B + sb * (sizeof(G) / 16));
+                    __m256i u[4];
+#pragma GCC unroll 4
+                    for (int j = 0; j < 4; j++) u[j] = T::group_half(B, 4 * sb + j, h);
+                    const __m256i scale16 = _mm256_shuffle_epi8(sc16[sb / 2], sb % 2 ? odd : even);
+#pragma GCC unroll 8
+                    for (int c = 0; c < NC; c++)
+                        isum[c] = _mm256_add_epi32(isum[c], dot_runs<4, safe_run(T::kMaxValue)>(u, y[c]->qs + 16 * sb, scale16));
+                }
+                const __m256 dx = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(B.d + 8 * h)));
+#pragma GCC unroll 8
+                for (int c = 0; c < NC; c++) {
+                    __m256i off = _mm256_setzero_si256();  // bsums of sub-blocks 2p and 2p + 1 times the pairs
+                    for (int p = 0; p < 8; p++)
+                        off = _mm256_add_epi32(off, _mm256_madd_epi16(kMins ? mn16[p] : sc16[p],
+                                                                      _mm256_set1_epi32((int)load_u32((const uint8_t*)(y[c]->bsums + 2 * p)))));
+                    const __m256 yd = _mm256_set1_ps(y[c]->d);
+                    if constexpr (kMins) {
+                        acc.sum[hh][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[c]), _mm256_mul_ps(dx, yd), acc.sum[hh][c]);
+                        const __m256 mx = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(B.dmin + 8 * h)));
+                        acc.min[hh][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(off), _mm256_mul_ps(mx, yd), acc.min[hh][c]);
+                    } else {
+                        const __m256i sumi = _mm256_sub_epi32(isum[c], _mm256_slli_epi32(off, T::kOffsetShift));
+                        acc.sum[hh][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi), _mm256_mul_ps(dx, yd), acc.sum[hh][c]);
+                    }
+                }
+            }
+        }
+        acc.template store<true>(out, ld, h0);
+    }
+};
 #endif
 // out[c * ld + r] for the 16 rows of the group at W and NC columns; S / ysum: see tile16_b32.
 using Tile16Fn = void (*)(int64_t k, const uint8_t* W, const uint8_t* A, size_t as, const float* S, int64_t ss,
@@ -3392,34 +3697,42 @@ struct InterleavedType {
     bool needs_sums;  // the kernel wants the columns' block sums (weights stored with an offset)
     void (*interleave)(const uint8_t*, size_t, int64_t, uint8_t*);
     void (*deinterleave)(const uint8_t*, int64_t, uint8_t*, size_t);
-    Tile16Fn tile[4];  // NC = 1, 2, 4, 8 (AVX-512 VNNI)
+    std::array<Tile16Fn, 4> tile;       // NC = 1, 2, 4, 8 (AVX-512 VNNI)
+    std::array<Tile16Fn, 4> tile_avx2;  // the same on AVX2 (and AVX-512 without VNNI)
 };
+#ifdef LLM_X86
+template <class Rows>
+std::array<Tile16Fn, 4> avx2_tiles() {
+    return {tile16_avx2<Rows, 1>, tile16_avx2<Rows, 2>, tile16_avx2<Rows, 4>, tile16_avx2<Rows, 8>};
+}
+#endif
 template <class X, class G, int Offset, bool Table>
 InterleavedType interleaved_b32() {
     return {Offset != 0, interleave_group<X, G, interleave_b32<X, G>>, deinterleave_group<X, G, deinterleave_b32<X, G>>,
 #ifdef LLM_X86
             {tile16_b32<G, Offset, Table, 1>, tile16_b32<G, Offset, Table, 2>, tile16_b32<G, Offset, Table, 4>,
-             tile16_b32<G, Offset, Table, 8>}};
+             tile16_b32<G, Offset, Table, 8>}, avx2_tiles<RowsB32<G, Offset, Table>>()};
 #else
-            {}};
+            {}, {}};
 #endif
 }
 template <class X, class G>
 InterleavedType interleaved_q45_K() {
     return {false, interleave_group<X, G, interleave_q45_K<X, G>>, deinterleave_group<X, G, deinterleave_q45_K<X, G>>,
 #ifdef LLM_X86
-            {tile16_q45_K<G, 1>, tile16_q45_K<G, 2>, tile16_q45_K<G, 4>, tile16_q45_K<G, 8>}};
+            {tile16_q45_K<G, 1>, tile16_q45_K<G, 2>, tile16_q45_K<G, 4>, tile16_q45_K<G, 8>}, avx2_tiles<RowsQ45K<G>>()};
 #else
-            {}};
+            {}, {}};
 #endif
 }
 template <class X, class G, void (*In)(const X&, int, G&), void (*Out)(const G&, int, X&)>
 InterleavedType interleaved_k16() {
     return {false, interleave_group<X, G, In>, deinterleave_group<X, G, Out>,
 #ifdef LLM_X86
-            {tile16_k16<I16Of<G>, 1>, tile16_k16<I16Of<G>, 2>, tile16_k16<I16Of<G>, 4>, tile16_k16<I16Of<G>, 8>}};
+            {tile16_k16<I16Of<G>, 1>, tile16_k16<I16Of<G>, 2>, tile16_k16<I16Of<G>, 4>, tile16_k16<I16Of<G>, 8>},
+            avx2_tiles<RowsK16<I16Of<G>>>()};
 #else
-            {}};
+            {}, {}};
 #endif
 }
 inline const InterleavedType* interleaved_type(Type t) {
@@ -3451,10 +3764,19 @@ inline const InterleavedType* interleaved_type(Type t) {
 }
 } // namespace qimpl
 
+namespace qimpl {
+// The interleaved tiles of the ISA in use: AVX-512 VNNI's, else AVX2's; nullptr on the scalar path.
+inline const Tile16Fn* interleaved_tiles(const InterleavedType& it) {
+    const Isa isa = isa_current();
+    if (isa == Isa::AVX512 && cpu().vnni && it.tile[0]) return it.tile.data();
+    if (isa != Isa::Scalar && it.tile_avx2[0]) return it.tile_avx2.data();
+    return nullptr;
+}
+} // namespace qimpl
+
 bool interleave_supported(Type t, int64_t k, int64_t rows) {
     const qimpl::InterleavedType* it = qimpl::interleaved_type(t);
-    return it && it->tile[0] && qimpl::cpu().vnni && isa_current() == Isa::AVX512 && rows % kInterleaveRows == 0 &&
-           k % type_info(t).block_size == 0;
+    return it && qimpl::interleaved_tiles(*it) && rows % kInterleaveRows == 0 && k % type_info(t).block_size == 0;
 }
 
 static const qimpl::InterleavedType& interleaved_or_fail(Type t, int64_t k, int64_t rows) {
@@ -3508,13 +3830,14 @@ void matmul_rows_interleaved(Type wt, const uint8_t* W, int64_t k, int64_t r0, i
     if (!info || (it.needs_sums && info->sums.empty()))
         act_info(vec_dot_type(wt), act, act_row_bytes, n_act, k, it.needs_sums, local), info = &local;
     const int64_t ss = info->stride;
+    const qimpl::Tile16Fn* tiles = qimpl::interleaved_tiles(it);
     // Per row group, every column (the group's weights stay in L1/L2 across column tiles).
     for (int64_t g = r0; g < r1; g += kInterleaveRows) {
         int64_t j = 0;
         for (int w = 3; w >= 0; w--) {
             const int nc = qimpl::kTileWidths[w];
             for (; j + nc <= n_act; j += nc)
-                it.tile[w](k, W + g * rb, act + j * act_row_bytes, act_row_bytes, info->scales.data() + j * ss, ss,
+                tiles[w](k, W + g * rb, act + j * act_row_bytes, act_row_bytes, info->scales.data() + j * ss, ss,
                            it.needs_sums ? info->sums.data() + j * (k / QK8_0) : nullptr, out + j * ld_out + g, ld_out);
         }
     }
@@ -3563,81 +3886,138 @@ LLM_AVX2_FN void weighted_sum_f16(const uint8_t* rows, size_t stride, const floa
     weighted_sum_simd<LoadF16>(rows, stride, w, n_rows, dim, out, accumulate);
 }
 // The same for HB weight vectors at once (attention heads sharing a KV head: a latent cache's 16
-// heads read the same rows) over 64 values from d, so each row is converted once per HB heads; every
-// sum keeps its row order, so the results are those of weighted_sum_simd.
+// heads read the same rows) over kValues values from d, so each row is converted once per HB heads;
+// every sum keeps its row order, so the results are those of weighted_sum_simd. Written once over a
+// vector width: Lanes16 (AVX-512, 64 values per step) and Lanes8 (AVX2, 32).
 LLM_AVX512_WARNINGS_OFF
-// 64 values of a V row from value d on, as floats: f16/f32, or a quantized cache type's blocks
+// Not always_inline (like OpsVNNI): they inline once the AVX2-targeted body has been inlined into
+// its AVX-512 wrapper.
+struct Lanes16 {
+    using F = __m512;
+    static constexpr int kValues = 64;
+    static inline LLM_AVX512_FN F zero() { return _mm512_setzero_ps(); }
+    static inline LLM_AVX512_FN F set1(float v) { return _mm512_set1_ps(v); }
+    static inline LLM_AVX512_FN F load(const float* p) { return _mm512_loadu_ps(p); }
+    static inline LLM_AVX512_FN void store(float* p, F v) { _mm512_storeu_ps(p, v); }
+    static inline LLM_AVX512_FN F fma(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
+    static inline LLM_AVX512_FN F mul(F a, F b) { return _mm512_mul_ps(a, b); }
+    static inline LLM_AVX512_FN F half(const uint16_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p)); }
+    static inline LLM_AVX512_FN F ints(const int8_t* p) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)p))); }
+    // the 16 values of nibble (hi) of 16 bytes, minus 8 (Q4_0) or through the IQ4_NL table
+    static inline LLM_AVX512_FN F nibbles(const uint8_t* p, bool hi, bool table) {
+        __m512i n = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)p));
+        n = _mm512_and_si512(hi ? _mm512_srli_epi32(n, 4) : n, _mm512_set1_epi32(15));
+        return table ? _mm512_permutexvar_ps(n, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)kIQ4NLValues))))
+                     : _mm512_cvtepi32_ps(_mm512_sub_epi32(n, _mm512_set1_epi32(8)));
+    }
+    // a + b * c rounded twice (the compiler must not fuse them into an fma)
+    static inline LLM_AVX512_FN F mul_add(F a, F b, F c) {
+        constexpr int kRoundNearest = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+        return _mm512_add_round_ps(a, _mm512_mul_round_ps(b, c, kRoundNearest), kRoundNearest);
+    }
+};
+struct Lanes8 {
+    using F = __m256;
+    static constexpr int kValues = 32;
+    static LLM_AVX2_INLINE F zero() { return _mm256_setzero_ps(); }
+    static LLM_AVX2_INLINE F set1(float v) { return _mm256_set1_ps(v); }
+    static LLM_AVX2_INLINE F load(const float* p) { return _mm256_loadu_ps(p); }
+    static LLM_AVX2_INLINE void store(float* p, F v) { _mm256_storeu_ps(p, v); }
+    static LLM_AVX2_INLINE F fma(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
+    static LLM_AVX2_INLINE F mul(F a, F b) { return _mm256_mul_ps(a, b); }
+    static LLM_AVX2_INLINE F half(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p)); }
+    static LLM_AVX2_INLINE F ints(const int8_t* p) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)p))); }
+    static LLM_AVX2_INLINE F nibbles(const uint8_t* p, bool hi, bool table) {
+        __m256i n = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)p));
+        n = _mm256_and_si256(hi ? _mm256_srli_epi32(n, 4) : n, _mm256_set1_epi32(15));
+        if (!table) return _mm256_cvtepi32_ps(_mm256_sub_epi32(n, _mm256_set1_epi32(8)));
+        const __m128i v = _mm_shuffle_epi8(_mm_loadu_si128((const __m128i*)kIQ4NLValues), _mm_packus_epi16(_mm_packus_epi32(
+                              _mm256_castsi256_si128(n), _mm256_extracti128_si256(n, 1)), _mm_setzero_si128()));
+        return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v));
+    }
+    // _mm256_mul_ps and _mm256_add_ps are separate roundings under -ffp-contract=off (ISO C++ modes)
+    static LLM_AVX2_INLINE F mul_add(F a, F b, F c) { return _mm256_add_ps(a, _mm256_mul_ps(b, c)); }
+};
+// kValues values of a V row from value d on, as floats: f16/f32, or a quantized cache type's blocks
 // dequantized exactly as dequantize_row does (d x q is exact in float).
-template <Type T>
-LLM_AVX512_INLINE void load64(const uint8_t* row, int64_t d, __m512 v[4]) {
+template <class L, Type T>
+LLM_AVX2_INLINE void load_values(const uint8_t* row, int64_t d, typename L::F v[4]) {
+    constexpr int kStep = L::kValues / 4;  // values per vector
 #pragma GCC unroll 4
     for (int u = 0; u < 4; u++) {
+        const int64_t e = d + kStep * u;  // the vector's first value
         if constexpr (T == Type::F16) {
-            v[u] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)((const uint16_t*)row + d + 16 * u)));
+            v[u] = L::half((const uint16_t*)row + e);
         } else if constexpr (T == Type::F32) {
-            v[u] = _mm512_loadu_ps((const float*)row + d + 16 * u);
+            v[u] = L::load((const float*)row + e);
         } else if constexpr (T == Type::Q8_0) {
-            const block_q8_0& b = ((const block_q8_0*)row)[d / 32 + u / 2];
-            const __m512 q = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(b.qs + 16 * (u % 2)))));
-            v[u] = _mm512_mul_ps(q, _mm512_set1_ps(fp16_to_fp32(b.d)));
+            const block_q8_0& b = ((const block_q8_0*)row)[e / 32];
+            v[u] = L::mul(L::ints(b.qs + e % 32), L::set1(fp16_to_fp32(b.d)));
         } else {  // Q4_0 / IQ4_NL: value j in the low nibble of qs[j], value j + 16 in the high one
-            const auto& b = ((const block_q4_0*)row)[d / 32 + u / 2];
+            const auto& b = ((const block_q4_0*)row)[e / 32];
             static_assert(sizeof(block_q4_0) == sizeof(block_iq4_nl), "same nibble layout");
-            __m512i n = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)b.qs));
-            n = _mm512_and_si512(u % 2 ? _mm512_srli_epi32(n, 4) : n, _mm512_set1_epi32(15));
-            const __m512 q = T == Type::Q4_0 ? _mm512_cvtepi32_ps(_mm512_sub_epi32(n, _mm512_set1_epi32(8)))
-                                             : _mm512_permutexvar_ps(n, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
-                                                                            _mm_loadu_si128((const __m128i*)kIQ4NLValues))));
-            v[u] = _mm512_mul_ps(q, _mm512_set1_ps(fp16_to_fp32(b.d)));
+            v[u] = L::mul(L::nibbles(b.qs + e % 16, e % 32 >= 16, T == Type::IQ4_NL), L::set1(fp16_to_fp32(b.d)));
         }
     }
 }
-constexpr int kRoundNearest = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
-// out_h[d..d+64) (+)= sum over rows of w_h[r] * row r for HB heads; float rows with fma, as
+// out_h[d..d+kValues) (+)= sum over rows of w_h[r] * row r for HB heads; float rows with fma, as
 // weighted_sum_simd, quantized rows with a multiply and an add, as the scalar dequantizing path.
-template <int HB, Type T>
-LLM_AVX512_FN void weighted_sum_heads(const uint8_t* rows, size_t stride, const float* w, int64_t w_stride, int64_t n_rows,
-                                      int64_t d, float* out, int64_t out_stride, bool accumulate) {
-    __m512 acc[HB][4];
+template <class L, int HB, Type T>
+LLM_AVX2_INLINE void weighted_sum_heads_body(const uint8_t* rows, size_t stride, const float* w, int64_t w_stride, int64_t n_rows,
+                                             int64_t d, float* out, int64_t out_stride, bool accumulate) {
+    constexpr int kStep = L::kValues / 4;
+    typename L::F acc[HB][4];
 #pragma GCC unroll 8
     for (int h = 0; h < HB; h++)
 #pragma GCC unroll 4
-        for (int u = 0; u < 4; u++) acc[h][u] = accumulate ? _mm512_loadu_ps(out + h * out_stride + d + 16 * u) : _mm512_setzero_ps();
+        for (int u = 0; u < 4; u++) acc[h][u] = accumulate ? L::load(out + h * out_stride + d + kStep * u) : L::zero();
     for (int64_t r = 0; r < n_rows; r++) {
-        __m512 v[4];
-        load64<T>(rows + r * stride, d, v);
+        typename L::F v[4];
+        load_values<L, T>(rows + r * stride, d, v);
 #pragma GCC unroll 8
         for (int h = 0; h < HB; h++) {
-            const __m512 wr = _mm512_set1_ps(w[h * w_stride + r]);
+            const typename L::F wr = L::set1(w[h * w_stride + r]);
 #pragma GCC unroll 4
             for (int u = 0; u < 4; u++) {
-                if constexpr (T == Type::F16 || T == Type::F32) acc[h][u] = _mm512_fmadd_ps(wr, v[u], acc[h][u]);
-                else  // explicitly rounded: the compiler must not fuse these into an fma
-                    acc[h][u] = _mm512_add_round_ps(acc[h][u], _mm512_mul_round_ps(wr, v[u], kRoundNearest), kRoundNearest);
+                if constexpr (T == Type::F16 || T == Type::F32) acc[h][u] = L::fma(wr, v[u], acc[h][u]);
+                else acc[h][u] = L::mul_add(acc[h][u], wr, v[u]);
             }
         }
     }
 #pragma GCC unroll 8
     for (int h = 0; h < HB; h++)
 #pragma GCC unroll 4
-        for (int u = 0; u < 4; u++) _mm512_storeu_ps(out + h * out_stride + d + 16 * u, acc[h][u]);
+        for (int u = 0; u < 4; u++) L::store(out + h * out_stride + d + kStep * u, acc[h][u]);
+}
+template <int HB, Type T>
+LLM_AVX512_FN void weighted_sum_heads(const uint8_t* rows, size_t stride, const float* w, int64_t w_stride, int64_t n_rows,
+                                      int64_t d, float* out, int64_t out_stride, bool accumulate) {
+    weighted_sum_heads_body<Lanes16, HB, T>(rows, stride, w, w_stride, n_rows, d, out, out_stride, accumulate);
+}
+template <int HB, Type T>
+LLM_AVX2_FN void weighted_sum_heads_avx2(const uint8_t* rows, size_t stride, const float* w, int64_t w_stride, int64_t n_rows,
+                                         int64_t d, float* out, int64_t out_stride, bool accumulate) {
+    weighted_sum_heads_body<Lanes8, HB, T>(rows, stride, w, w_stride, n_rows, d, out, out_stride, accumulate);
 }
 LLM_AVX512_WARNINGS_ON
 using WeightedSumHeadsFn = void (*)(const uint8_t*, size_t, const float*, int64_t, int64_t, int64_t, float*, int64_t, bool);
 template <Type T>
-WeightedSumHeadsFn weighted_sum_heads_for(int heads) {
-    static const WeightedSumHeadsFn fns[] = {weighted_sum_heads<1, T>, weighted_sum_heads<2, T>, weighted_sum_heads<3, T>,
-                                             weighted_sum_heads<4, T>, weighted_sum_heads<5, T>, weighted_sum_heads<6, T>};
-    return fns[heads - 1];
+WeightedSumHeadsFn weighted_sum_heads_for(int heads, bool avx512) {
+    static const WeightedSumHeadsFn wide[] = {weighted_sum_heads<1, T>, weighted_sum_heads<2, T>, weighted_sum_heads<3, T>,
+                                              weighted_sum_heads<4, T>, weighted_sum_heads<5, T>, weighted_sum_heads<6, T>};
+    static const WeightedSumHeadsFn narrow[] = {weighted_sum_heads_avx2<1, T>, weighted_sum_heads_avx2<2, T>,
+                                                weighted_sum_heads_avx2<3, T>, weighted_sum_heads_avx2<4, T>,
+                                                weighted_sum_heads_avx2<5, T>, weighted_sum_heads_avx2<6, T>};
+    return (avx512 ? wide : narrow)[heads - 1];
 }
-// nullptr for types without a kernel
-inline WeightedSumHeadsFn weighted_sum_heads_fn(Type t, int heads) {
+// nullptr for types without a kernel; avx512: the 64-value kernels, else the 32-value AVX2 ones
+inline WeightedSumHeadsFn weighted_sum_heads_fn(Type t, int heads, bool avx512) {
     switch (t) {
-    case Type::F16: return weighted_sum_heads_for<Type::F16>(heads);
-    case Type::F32: return weighted_sum_heads_for<Type::F32>(heads);
-    case Type::Q8_0: return weighted_sum_heads_for<Type::Q8_0>(heads);
-    case Type::Q4_0: return weighted_sum_heads_for<Type::Q4_0>(heads);
-    case Type::IQ4_NL: return weighted_sum_heads_for<Type::IQ4_NL>(heads);
+    case Type::F16: return weighted_sum_heads_for<Type::F16>(heads, avx512);
+    case Type::F32: return weighted_sum_heads_for<Type::F32>(heads, avx512);
+    case Type::Q8_0: return weighted_sum_heads_for<Type::Q8_0>(heads, avx512);
+    case Type::Q4_0: return weighted_sum_heads_for<Type::Q4_0>(heads, avx512);
+    case Type::IQ4_NL: return weighted_sum_heads_for<Type::IQ4_NL>(heads, avx512);
     default: return nullptr;
     }
 }
@@ -3774,15 +4154,17 @@ void weighted_row_sum(Type t, const uint8_t* rows, size_t stride, const float* w
 void weighted_row_sums(Type t, const uint8_t* rows, size_t stride, const float* w, int64_t w_stride, int heads, int64_t n_rows,
                        int64_t dim, float* out, int64_t out_stride, float* scratch, bool accumulate) {
 #ifdef LLM_X86
-    if (isa_current() == Isa::AVX512 && qimpl::weighted_sum_heads_fn(t, 1) && dim % 64 == 0) {
-        // Rows in blocks that stay in L1 while every 64-value slice of every head passes over them.
+    const bool avx512 = isa_current() == Isa::AVX512;
+    const int64_t step = avx512 ? qimpl::Lanes16::kValues : qimpl::Lanes8::kValues;
+    if (isa_current() != Isa::Scalar && qimpl::weighted_sum_heads_fn(t, 1, avx512) && dim % step == 0) {
+        // Rows in blocks that stay in L1 while every slice of every head passes over them.
         const int64_t block = std::max<int64_t>(1, 32768 / (int64_t)stride);
         for (int64_t r0 = 0; r0 < n_rows; r0 += block) {
             const int64_t nr = std::min(block, n_rows - r0);
-            for (int64_t d = 0; d < dim; d += 64) {
+            for (int64_t d = 0; d < dim; d += step) {
                 for (int h = 0; h < heads; h += 6) {
                     const int hb = std::min(6, heads - h);
-                    qimpl::weighted_sum_heads_fn(t, hb)(
+                    qimpl::weighted_sum_heads_fn(t, hb, avx512)(
                         rows + r0 * stride, stride, w + h * w_stride + r0, w_stride, nr, d, out + h * out_stride, out_stride,
                         accumulate || r0 > 0);
                 }
@@ -11673,7 +12055,10 @@ class ThreadPool {
 public:
     using Fn = std::function<void(int64_t begin, int64_t end, int thread)>;
 
-    explicit ThreadPool(int n_threads) : n_(std::max(1, n_threads)) {
+    // poll: 0..100, the busy-wait level of idle workers (100: about 40000 checks of the job counter
+    // before sleeping; 0: sleep at once).
+    explicit ThreadPool(int n_threads, int poll = 50)
+        : n_(std::max(1, n_threads)), active_(n_), spins_(std::min(100, std::max(0, poll)) * 400) {
         for (int i = 1; i < n_; i++) workers_.emplace_back([this, i] { worker_loop(i); });
     }
     ~ThreadPool() {
@@ -11686,19 +12071,23 @@ public:
         for (auto& t : workers_) t.join();
     }
     int size() const { return n_; }
+    // Threads that take part in the next jobs (1..size(); the rest wake and go back to waiting), so
+    // prefill and decode may use different counts (-t / -tb).
+    void set_active(int n) { active_ = std::min(n_, std::max(1, n)); }
 
     // Calls fn over [0, n) in chunks of about `grain` items (at least one chunk per thread when n
     // allows); returns when every chunk is done. fn must not throw.
     void parallel_for(int64_t n, int64_t grain, const Fn& fn) {
         if (n <= 0) return;
         grain = std::max<int64_t>(1, grain);
-        if (n_ == 1 || n <= grain) {
+        if (active_ == 1 || n <= grain) {
             fn(0, n, 0);
             return;
         }
         fn_ = &fn;
         n_items_ = n;
-        chunk_ = std::max<int64_t>(grain, std::min<int64_t>(n / n_, (n + 8 * n_ - 1) / (8 * n_)));
+        const int a = active_;
+        chunk_ = std::max<int64_t>(grain, std::min<int64_t>(n / a, (n + 8 * a - 1) / (8 * a)));
         next_.store(0);
         done_.store(0);
         {
@@ -11723,7 +12112,7 @@ private:
         for (;;) {
             uint64_t g;
             int spins = 0;
-            while ((g = generation_.load(std::memory_order_acquire)) == seen && spins < 20000) {
+            while ((g = generation_.load(std::memory_order_acquire)) == seen && spins < spins_) {
                 spins++;
                 if ((spins & 63) == 0) std::this_thread::yield();
             }
@@ -11734,12 +12123,14 @@ private:
             }
             seen = g;
             if (stop_) return;
-            run_chunks(thread);
+            if (thread < active_) run_chunks(thread);
             done_.fetch_add(1, std::memory_order_release);
         }
     }
 
     int n_;
+    int active_;  // written by the calling thread between jobs; read by workers after the generation's acquire
+    const int spins_;
     std::vector<std::thread> workers_;
     std::mutex mutex_;
     std::condition_variable cv_;
@@ -12392,7 +12783,9 @@ struct Context::Impl {
     std::vector<std::vector<uint8_t>> thread_bytes;
     std::unique_ptr<OffloadBackend> device;     // runs the layers the model placed on a device
 
-    Impl(const Model& m, const ContextParams& p) : model(m), params(p), pool(p.n_threads), thread_scratch(p.n_threads), thread_bytes(p.n_threads) {}
+    Impl(const Model& m, const ContextParams& p)
+        : model(m), params(p), pool(std::max(p.n_threads, p.n_threads_batch), p.poll), thread_scratch(pool.size()),
+          thread_bytes(pool.size()) {}
 
     // One product out[n x rows(w)] = x[n x k] * w^T. Several are run together so that a decode step
     // with many small products (heads, experts) pays one thread hand-off, not one per product.
@@ -13158,6 +13551,8 @@ Context::Context(const Model& model, const ContextParams& params) {
     if (model.layers.empty()) fail("model was loaded without weights (vocab_only)");
     ContextParams p = params;
     if (p.n_threads <= 0) p.n_threads = physical_core_count();
+    if (p.n_threads_batch <= 0) p.n_threads_batch = p.n_threads;
+    if (p.poll < 0 || p.poll > 100) fail("poll level must be in 0..100");
     if (p.n_seq <= 0 || p.n_seq > 256) fail("number of sequences must be in 1..256");
     if (p.n_ctx <= 0) p.n_ctx = std::min(model.hp.n_ctx_train, 4096);
     if (p.n_ctx < p.n_seq) fail("context of %d cells cannot hold %d sequences", p.n_ctx, p.n_seq);
@@ -13182,7 +13577,10 @@ Context::Context(const Model& model, const ContextParams& params) {
     d.pooled_ready.assign(p.n_seq, 0);
 }
 Context::~Context() = default;
-void Context::decode(const Batch& batch) { impl_->decode(batch); }
+void Context::decode(const Batch& batch) {
+    impl_->pool.set_active(batch.size() > 1 ? impl_->params.n_threads_batch : impl_->params.n_threads);
+    impl_->decode(batch);
+}
 const float* Context::embeddings(int i) const {
     if (i < 0 || i >= impl_->n_embd_rows) fail("no embeddings for output %d", i);
     return impl_->embd.data() + (size_t)i * impl_->model.hp.n_embd;

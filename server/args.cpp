@@ -216,12 +216,16 @@ const std::vector<Flag>& flags() {
          [](Options&, const Arg&) { print_completion_bash(); }},
         {{"-t", "--threads"}, {}, "LLAMA_ARG_THREADS", "N", G::Common, "threads (default: physical cores; -1 = default)",
          [](Options& o, const Arg& a) { o.n_threads = a.to_int() == -1 ? 0 : a.to_int(); }},
-        {{"-tb", "--threads-batch"}, {}, nullptr, "N", G::Common, "threads for prompts: the same pool as -t here", note(kThreadsOwn)},
+        {{"-tb", "--threads-batch"}, {}, "LLAMA_ARG_THREADS_BATCH", "N", G::Common,
+         "threads for prompts (batches of more than one token; default: -t; -1 = default)",
+         [](Options& o, const Arg& a) { o.n_threads_batch = a.to_int() == -1 ? 0 : a.to_int(); }},
         {{"-C", "--cpu-mask"}, {}, nullptr, "M", G::Common, "CPU affinity mask", note(kThreadsOwn)},
         {{"-Cr", "--cpu-range"}, {}, nullptr, "lo-hi", G::Common, "range of CPUs for affinity", note(kThreadsOwn)},
         {{"--cpu-strict"}, {}, nullptr, "<0|1>", G::Common, "strict CPU placement", note(kThreadsOwn)},
         {{"--prio"}, {}, nullptr, "N", G::Common, "process/thread priority", note(kThreadsOwn)},
-        {{"--poll"}, {}, nullptr, "<0...100>", G::Common, "polling level to wait for work", note(kThreadsOwn)},
+        {{"--poll"}, {}, nullptr, "<0...100>", G::Common,
+         "how long idle workers busy-wait for work before sleeping (default 50; 0 sleeps at once, sparing a shared host's CPU)",
+         [](Options& o, const Arg& a) { o.poll = a.to_int(); }},
         {{"-Cb", "--cpu-mask-batch"}, {}, nullptr, "M", G::Common, "CPU affinity mask for batches", note(kThreadsOwn)},
         {{"-Crb", "--cpu-range-batch"}, {}, nullptr, "lo-hi", G::Common, "ranges of CPUs for batches", note(kThreadsOwn)},
         {{"--cpu-strict-batch"}, {}, nullptr, "<0|1>", G::Common, "strict CPU placement for batches", note(kThreadsOwn)},
@@ -258,7 +262,7 @@ const std::vector<Flag>& flags() {
         {{"-gaw", "--grp-attn-w"}, {}, "LLAMA_ARG_GRP_ATTN_W", "N", G::Common, "group-attention width", note("no self-extend in this build (ignored)", 'W')},
         {{"-kvo", "--kv-offload"}, {"-nkvo", "--no-kv-offload"}, "LLAMA_ARG_KV_OFFLOAD", nullptr, G::Common, "KV cache offloading", note(kCpuOnly)},
         {{"--repack"}, {"-nr", "--no-repack"}, "LLAMA_ARG_REPACK", nullptr, G::Common,
-         "interleave weights for the AVX-512 VNNI kernels at load (default: on; off keeps the file's layout)",
+         "interleave weights for the AVX-512 VNNI / AVX2 kernels at load (default: on; off keeps the file's layout)",
          [](Options& o, const Arg& a) { o.repack = a.on(); }},
         {{"--no-host"}, {}, "LLAMA_ARG_NO_HOST", nullptr, G::Common, "bypass host buffer", note(kCpuOnly)},
         {{"-ctk", "--cache-type-k"}, {}, "LLAMA_ARG_CACHE_TYPE_K", "TYPE", G::Common, "K cache type: f32, f16, q8_0, q4_0, iq4_nl (default f16)",
@@ -692,6 +696,8 @@ Options parse_args(int argc, char** argv) {
         usage_error("no model given (-m MODEL, or --models-dir / --models-preset for router mode)");
     if (o.n_batch <= 0) usage_error("--batch-size must be positive");
     if (o.n_threads < 0) usage_error("--threads must not be negative");
+    if (o.n_threads_batch < 0) usage_error("--threads-batch must not be negative");
+    if (o.poll < 0 || o.poll > 100) usage_error("--poll must be in 0..100");
     if (o.n_parallel <= 0 || o.n_parallel > 256) usage_error("--parallel must be in 1..256");
     if (o.srv.reranking) {
         if (o.pooling != llm::Pooling::Unspecified && o.pooling != llm::Pooling::Rank) usage_error("--reranking needs --pooling rank");
@@ -715,6 +721,8 @@ llm::ContextParams context_params(const Options& o, int n_ctx) {
     llm::ContextParams cp;
     cp.n_ctx = n_ctx;
     cp.n_threads = o.n_threads;
+    cp.n_threads_batch = o.n_threads_batch;
+    cp.poll = o.poll;
     cp.type_k = o.type_k;
     cp.type_v = o.type_v;
     cp.moe_grouped = !o.moe_per_token;

@@ -91,6 +91,17 @@ TEST_CASE("cli: --no-repack gives the library's file-layout logits") {
     CHECK(cli_last_logits("tiny-llama-Q4_K-pure.gguf", 3, "--no-repack") == library_last_logits("tiny-llama-Q4_K-pure.gguf", 3, rows_only));
 }
 
+TEST_CASE("cli: -tb/--threads-batch and --poll (prefill threads, idle busy-wait level) keep the results") {
+    // -t 1 comes first in cli_last_logits; prefill then runs on 2 threads, workers sleep at once
+    CHECK(cli_last_logits("tiny-llama-Q4_K_M.gguf", 5, "-tb 2 --poll 0") == cli_last_logits("tiny-llama-Q4_K_M.gguf", 5, ""));
+    std::string out;
+    REQUIRE(run("-m " + golden("tiny-llama-Q4_K_M.gguf") + " --bench -p 16 -n 2 -r 1 -t 1 --threads-batch 2 --poll 100", &out) == 0);
+    CHECK(out.find("|       2 |    pp16 |") != std::string::npos);  // one pool of max(-t, -tb) threads
+    CHECK(run("-m " + golden("tiny-llama-Q4_K_M.gguf") + " -p hi --poll 101", &out) == 1);
+    CHECK(out.find("--poll must be in 0..100") != std::string::npos);
+    CHECK(run("-m " + golden("tiny-llama-Q4_K_M.gguf") + " -p hi -tb -2", &out) == 1);
+}
+
 TEST_CASE("cli: bad input is a clear error and a non-zero exit, never a crash") {
     std::string out;
     CHECK(run("-m /etc/os-release -p hi", &out) == 1);

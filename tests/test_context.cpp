@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <tuple>
 
 #include "../llm.hpp"
 #include "util.hpp"
@@ -108,4 +109,25 @@ TEST_CASE("context: a saved sequence restores to the same state") {
     CHECK(ctx.seq_len(1) == 49);
     CHECK(max_diff(feed(ctx, 1, t, 49), want) < 1e-4);
     CHECK_THROWS_AS(ctx.seq_restore(0, std::vector<uint8_t>(7)), llm::Error);
+}
+
+TEST_CASE("context: prefill and decode thread counts (-t / -tb) and the poll level leave the results unchanged") {
+    auto m = tiny();
+    const auto toks = tokens(40, 3);
+    llm::Context ref(*m, params(128, 1));
+    const std::vector<float> want_prefill = feed(ref, 0, toks, 0), want_decode = feed(ref, 0, tokens(41, 3), 40);
+    for (const std::tuple<int, int, int>& setting : {std::tuple{1, 2, 0}, std::tuple{2, 1, 100}, std::tuple{3, 2, 50}}) {
+        llm::ContextParams cp = params(128, 1);
+        std::tie(cp.n_threads, cp.n_threads_batch, cp.poll) = setting;
+        CAPTURE(cp.n_threads);
+        CAPTURE(cp.n_threads_batch);
+        CAPTURE(cp.poll);
+        llm::Context ctx(*m, cp);
+        CHECK(ctx.n_threads() == std::max(cp.n_threads, cp.n_threads_batch));  // one pool for both
+        CHECK(feed(ctx, 0, toks, 0) == want_prefill);                 // rows are split, never summed across threads
+        CHECK(feed(ctx, 0, tokens(41, 3), 40) == want_decode);
+    }
+    llm::ContextParams bad = params(128, 1);
+    bad.poll = 101;
+    CHECK_THROWS_AS(llm::Context(*m, bad), llm::Error);
 }

@@ -378,7 +378,8 @@ TEST_CASE("quants: interleaved weights round-trip and multiply like their rows")
     std::mt19937 rng(9);
     const int64_t k = 512, rows = 48, cols = 13, ld = rows + 3;
     for (Type t : {Type::Q2_K, Type::Q3_K, Type::Q4_K, Type::Q5_K, Type::Q6_K, Type::Q4_0, Type::Q4_1, Type::Q5_0, Type::Q5_1, Type::Q8_0, Type::IQ4_NL}) {
-        CAPTURE(llm::type_info(t).name);
+        const std::string type_name = llm::type_info(t).name;
+        CAPTURE(type_name);
         const Type at = llm::vec_dot_type(t);
         const size_t wrow = llm::row_bytes(t, k), arow = llm::row_bytes(at, k);
         std::vector<uint8_t> W, A;
@@ -406,16 +407,20 @@ TEST_CASE("quants: interleaved weights round-trip and multiply like their rows")
         }
         CHECK_THROWS_AS(llm::interleave_rows16(t, W.data(), packed.data(), k, rows - 8), llm::Error);
 
+        std::map<int64_t, std::vector<float>> first_fast;  // per column count: the first SIMD tier's results
         for (llm::Isa isa : supported_isas()) {
             CAPTURE(llm::isa_name(isa));
             llm::isa_set(isa);
             const bool fast = llm::interleave_supported(t, k, rows);
-            if (isa != llm::Isa::AVX512) CHECK(!fast);
-            for (int64_t n_act : {(int64_t)1, (int64_t)3, (int64_t)cols}) {
+            CHECK(fast == (isa != llm::Isa::Scalar));  // AVX2 and AVX-512 both have interleaved kernels
+            for (int64_t n_act : {(int64_t)1, (int64_t)2, (int64_t)3, (int64_t)4, (int64_t)8, (int64_t)cols}) {
                 CAPTURE(n_act);
                 std::vector<float> want(ld * cols, -1.0f), got(ld * cols, -1.0f);
                 llm::matmul_rows(t, W.data(), wrow, k, 16, rows, A.data(), arow, n_act, want.data(), ld);
                 llm::matmul_rows_interleaved(t, packed.data(), k, 16, rows, A.data(), arow, n_act, got.data(), ld);
+                // the AVX2 and AVX-512 kernels: the same integer sums and float steps, bit for bit
+                if (fast && first_fast.count(n_act)) CHECK(got == first_fast[n_act]);
+                if (fast) first_fast.emplace(n_act, got);
                 for (int64_t j = 0; j < cols; j++) {
                     for (int64_t i = 0; i < ld; i++) {
                         if (!fast) {
