@@ -96,8 +96,10 @@ $(B)/%.o: %.cpp
 $(B)/webui_html.hpp: server/webui.html scripts/embed
 	@mkdir -p $(@D)
 	sh scripts/embed webui_html $< > $@.tmp && mv $@.tmp $@
-$(B)/server/api.o: $(B)/webui_html.hpp
-$(B)/server/api.o: CPPFLAGS += -I$(B)
+# Every build of the api unit includes it: the CPU server, llm-server-cuda (zig) and llm-server-emu.
+WEBUI_USERS := $(B)/server/api.o $(B)/zig/server/api.o $(B)/emu/server/api.o
+$(WEBUI_USERS): $(B)/webui_html.hpp
+$(WEBUI_USERS): CPPFLAGS += -I$(B)
 
 tests/run: $(TEST_OBJS)
 	$(CXX) $(CXXFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS)
