@@ -3938,66 +3938,74 @@ struct Lanes8 {
     // _mm256_mul_ps and _mm256_add_ps are separate roundings under -ffp-contract=off (ISO C++ modes)
     static LLM_AVX2_INLINE F mul_add(F a, F b, F c) { return _mm256_add_ps(a, _mm256_mul_ps(b, c)); }
 };
+// The two bodies below are stamped out once per tier (TIER_INLINE: that tier's target attribute):
+// clang, unlike GCC, rejects a function that passes 512-bit vectors unless it carries avx512f itself,
+// and an AVX2 caller cannot inline a function that does.
 // kValues values of a V row from value d on, as floats: f16/f32, or a quantized cache type's blocks
-// dequantized exactly as dequantize_row does (d x q is exact in float).
-template <class L, Type T>
-LLM_AVX2_INLINE void load_values(const uint8_t* row, int64_t d, typename L::F v[4]) {
-    constexpr int kStep = L::kValues / 4;  // values per vector
-#pragma GCC unroll 4
-    for (int u = 0; u < 4; u++) {
-        const int64_t e = d + kStep * u;  // the vector's first value
-        if constexpr (T == Type::F16) {
-            v[u] = L::half((const uint16_t*)row + e);
-        } else if constexpr (T == Type::F32) {
-            v[u] = L::load((const float*)row + e);
-        } else if constexpr (T == Type::Q8_0) {
-            const block_q8_0& b = ((const block_q8_0*)row)[e / 32];
-            v[u] = L::mul(L::ints(b.qs + e % 32), L::set1(fp16_to_fp32(b.d)));
-        } else {  // Q4_0 / IQ4_NL: value j in the low nibble of qs[j], value j + 16 in the high one
-            const auto& b = ((const block_q4_0*)row)[e / 32];
-            static_assert(sizeof(block_q4_0) == sizeof(block_iq4_nl), "same nibble layout");
-            v[u] = L::mul(L::nibbles(b.qs + e % 16, e % 32 >= 16, T == Type::IQ4_NL), L::set1(fp16_to_fp32(b.d)));
-        }
-    }
-}
+// dequantized exactly as dequantize_row does (d x q is exact in float); Q4_0 / IQ4_NL hold value j in
+// the low nibble of qs[j] and value j + 16 in the high one.
 // out_h[d..d+kValues) (+)= sum over rows of w_h[r] * row r for HB heads; float rows with fma, as
 // weighted_sum_simd, quantized rows with a multiply and an add, as the scalar dequantizing path.
-template <class L, int HB, Type T>
-LLM_AVX2_INLINE void weighted_sum_heads_body(const uint8_t* rows, size_t stride, const float* w, int64_t w_stride, int64_t n_rows,
-                                             int64_t d, float* out, int64_t out_stride, bool accumulate) {
-    constexpr int kStep = L::kValues / 4;
-    typename L::F acc[HB][4];
-#pragma GCC unroll 8
-    for (int h = 0; h < HB; h++)
-#pragma GCC unroll 4
-        for (int u = 0; u < 4; u++) acc[h][u] = accumulate ? L::load(out + h * out_stride + d + kStep * u) : L::zero();
-    for (int64_t r = 0; r < n_rows; r++) {
-        typename L::F v[4];
-        load_values<L, T>(rows + r * stride, d, v);
-#pragma GCC unroll 8
-        for (int h = 0; h < HB; h++) {
-            const typename L::F wr = L::set1(w[h * w_stride + r]);
-#pragma GCC unroll 4
-            for (int u = 0; u < 4; u++) {
-                if constexpr (T == Type::F16 || T == Type::F32) acc[h][u] = L::fma(wr, v[u], acc[h][u]);
-                else acc[h][u] = L::mul_add(acc[h][u], wr, v[u]);
-            }
-        }
-    }
-#pragma GCC unroll 8
-    for (int h = 0; h < HB; h++)
-#pragma GCC unroll 4
-        for (int u = 0; u < 4; u++) L::store(out + h * out_stride + d + kStep * u, acc[h][u]);
+#define LLM_V_SUM_BODIES(TIER_INLINE, SUFFIX) \
+template <class L, Type T> \
+TIER_INLINE void load_values##SUFFIX(const uint8_t* row, int64_t d, typename L::F v[4]) { \
+    constexpr int kStep = L::kValues / 4; \
+_Pragma("GCC unroll 4") \
+    for (int u = 0; u < 4; u++) { \
+        const int64_t e = d + kStep * u; \
+        if constexpr (T == Type::F16) { \
+            v[u] = L::half((const uint16_t*)row + e); \
+        } else if constexpr (T == Type::F32) { \
+            v[u] = L::load((const float*)row + e); \
+        } else if constexpr (T == Type::Q8_0) { \
+            const block_q8_0& b = ((const block_q8_0*)row)[e / 32]; \
+            v[u] = L::mul(L::ints(b.qs + e % 32), L::set1(fp16_to_fp32(b.d))); \
+        } else { \
+            const auto& b = ((const block_q4_0*)row)[e / 32]; \
+            static_assert(sizeof(block_q4_0) == sizeof(block_iq4_nl), "same nibble layout"); \
+            v[u] = L::mul(L::nibbles(b.qs + e % 16, e % 32 >= 16, T == Type::IQ4_NL), L::set1(fp16_to_fp32(b.d))); \
+        } \
+    } \
+} \
+template <class L, int HB, Type T> \
+TIER_INLINE void weighted_sum_heads_body##SUFFIX(const uint8_t* rows, size_t stride, const float* w, int64_t w_stride, int64_t n_rows, \
+                                             int64_t d, float* out, int64_t out_stride, bool accumulate) { \
+    constexpr int kStep = L::kValues / 4; \
+    typename L::F acc[HB][4]; \
+_Pragma("GCC unroll 8") \
+    for (int h = 0; h < HB; h++) \
+_Pragma("GCC unroll 4") \
+        for (int u = 0; u < 4; u++) acc[h][u] = accumulate ? L::load(out + h * out_stride + d + kStep * u) : L::zero(); \
+    for (int64_t r = 0; r < n_rows; r++) { \
+        typename L::F v[4]; \
+        load_values##SUFFIX<L, T>(rows + r * stride, d, v); \
+_Pragma("GCC unroll 8") \
+        for (int h = 0; h < HB; h++) { \
+            const typename L::F wr = L::set1(w[h * w_stride + r]); \
+_Pragma("GCC unroll 4") \
+            for (int u = 0; u < 4; u++) { \
+                if constexpr (T == Type::F16 || T == Type::F32) acc[h][u] = L::fma(wr, v[u], acc[h][u]); \
+                else acc[h][u] = L::mul_add(acc[h][u], wr, v[u]); \
+            } \
+        } \
+    } \
+_Pragma("GCC unroll 8") \
+    for (int h = 0; h < HB; h++) \
+_Pragma("GCC unroll 4") \
+        for (int u = 0; u < 4; u++) L::store(out + h * out_stride + d + kStep * u, acc[h][u]); \
 }
+LLM_V_SUM_BODIES(LLM_AVX2_INLINE, _avx2)
+LLM_V_SUM_BODIES(LLM_AVX512_INLINE, _avx512)
+#undef LLM_V_SUM_BODIES
 template <int HB, Type T>
 LLM_AVX512_FN void weighted_sum_heads(const uint8_t* rows, size_t stride, const float* w, int64_t w_stride, int64_t n_rows,
                                       int64_t d, float* out, int64_t out_stride, bool accumulate) {
-    weighted_sum_heads_body<Lanes16, HB, T>(rows, stride, w, w_stride, n_rows, d, out, out_stride, accumulate);
+    weighted_sum_heads_body_avx512<Lanes16, HB, T>(rows, stride, w, w_stride, n_rows, d, out, out_stride, accumulate);
 }
 template <int HB, Type T>
 LLM_AVX2_FN void weighted_sum_heads_avx2(const uint8_t* rows, size_t stride, const float* w, int64_t w_stride, int64_t n_rows,
                                          int64_t d, float* out, int64_t out_stride, bool accumulate) {
-    weighted_sum_heads_body<Lanes8, HB, T>(rows, stride, w, w_stride, n_rows, d, out, out_stride, accumulate);
+    weighted_sum_heads_body_avx2<Lanes8, HB, T>(rows, stride, w, w_stride, n_rows, d, out, out_stride, accumulate);
 }
 LLM_AVX512_WARNINGS_ON
 using WeightedSumHeadsFn = void (*)(const uint8_t*, size_t, const float*, int64_t, int64_t, int64_t, float*, int64_t, bool);
