@@ -584,6 +584,20 @@ std::string tool_choice_of(const nlohmann::json& b) {
     bad_field("tool_choice", "\"auto\", \"none\", \"required\" or {\"type\": \"function\", \"function\": {\"name\": ...}}");
 }
 
+// A message's content of text parts as one string (joined by newlines, as the family renderers do),
+// for templates that print only string content; content with other parts stays as it is.
+void flatten_text_parts(nlohmann::ordered_json& message) {
+    auto c = message.find("content");
+    if (c == message.end() || !c->is_array()) return;
+    std::string text;
+    for (const auto& part : *c) {
+        if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") || !part["text"].is_string()) return;
+        if (!text.empty()) text += "\n";
+        text += part["text"].get<std::string>();
+    }
+    *c = text;
+}
+
 }  // namespace
 
 // The request as transformers' apply_chat_template gets it: messages and tools in the client's
@@ -597,6 +611,7 @@ std::string Api::render_jinja(const json& b, const std::string& body) const {
     // OpenAI clients send tool-call arguments as JSON text; templates print them as objects (tojson),
     // so text that parses as an object goes in as one, as llama-server does.
     for (ojson& m : req["messages"]) {
+        if (!chat_.typed_content && m.is_object()) flatten_text_parts(m);
         if (!m.is_object() || !m.contains("tool_calls") || !m["tool_calls"].is_array()) continue;
         for (ojson& call : m["tool_calls"]) {
             ojson* args = call.is_object() && call.contains("function") && call["function"].is_object() && call["function"].contains("arguments")

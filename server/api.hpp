@@ -24,6 +24,7 @@ struct ChatTemplate {
     std::string source;
     std::shared_ptr<const llm::JinjaTemplate> jinja;
     llm::ToolCallFormat tool_format = llm::ToolCallFormat::None;
+    bool typed_content = true;  // the Jinja prints OpenAI content parts; else text parts go in as one string
 };
 
 using HttpHandler = std::function<void(const http::Request&, http::Response&)>;

@@ -78,6 +78,19 @@ ChatTemplate template_from_flag(const std::string& value) {
     return chat;
 }
 
+// Whether a template prints a message whose content is a list of OpenAI text parts (as llama-server
+// probes its templates' typed-content support); many print only string content.
+bool renders_content_parts(const llm::JinjaTemplate& tpl) {
+    const std::string probe = "\x7f content part probe \x7f";
+    const std::string req = "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"" + probe +
+                            "\"}]}],\"add_generation_prompt\":true,\"bos_token\":\"\",\"eos_token\":\"\"}";
+    try {
+        return llm::chat_apply_template(tpl, req).find(probe) != std::string::npos;
+    } catch (const llm::Error&) {
+        return false;
+    }
+}
+
 // The Jinja program of a template's source, unless --no-jinja or it does not parse (then the
 // family's renderer is used).
 void attach_jinja(const ServerOptions& so, ChatTemplate& chat, const std::string& from) {
@@ -85,6 +98,7 @@ void attach_jinja(const ServerOptions& so, ChatTemplate& chat, const std::string
     try {
         chat.jinja = std::make_shared<const llm::JinjaTemplate>(chat.source);
         chat.tool_format = llm::chat_detect_tool_call_format(chat.source);
+        chat.typed_content = renders_content_parts(*chat.jinja);
         log_msg('I', "chat template: the Jinja of %s (tool calls: %s)", from.c_str(), llm::tool_call_format_name(chat.tool_format));
     } catch (const llm::Error& e) {
         log_msg('W', "chat template of %s does not parse (%s): using the family renderer", from.c_str(), e.what());
