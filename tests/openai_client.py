@@ -7,17 +7,11 @@ the first mismatch; prints "ok N" (N checks) at the end.
 import sys
 
 import openai
+from sdk_check import Checks, openai_client
 
 port, alias = int(sys.argv[1]), sys.argv[2]
-client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="sk-no-key-required", max_retries=0, timeout=120)
-checks = 0
-
-
-def check(cond, what):
-    global checks
-    if not cond:
-        sys.exit(f"FAIL: {what}")
-    checks += 1
+client = openai_client(port)
+check = Checks()
 
 
 # models.list(): one model, the alias as its id.
@@ -62,4 +56,4 @@ except openai.APIStatusError as e:
     check(e.status_code == 501, f"embeddings status {e.status_code}")
     check("embeddings" in str(e.message), f"embeddings message {e.message}")
 
-print(f"ok {checks}")
+check.report()

@@ -10,17 +10,11 @@ import json
 import sys
 
 import openai
+from sdk_check import Checks, openai_client
 
 port = int(sys.argv[1])
-client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="sk-no-key-required", max_retries=0, timeout=120)
-checks = 0
-
-
-def check(cond, what):
-    global checks
-    if not cond:
-        sys.exit(f"FAIL: {what}")
-    checks += 1
+client = openai_client(port)
+check = Checks()
 
 
 tools = [{"type": "function", "function": {"name": "get_weather", "description": "Get the weather of a city",
@@ -76,6 +70,6 @@ try:
     client.chat.completions.create(model="smol", messages=messages, tools=tools, tool_choice={"type": "nope"}, max_tokens=4)
     check(False, "bad tool_choice accepted")
 except openai.BadRequestError:
-    checks += 1
+    check(True, "bad tool_choice refused")
 
-print(f"ok {checks}")
+check.report()
