@@ -9,7 +9,8 @@
 //   1. Public API            errors, tensor types, GGUF reader, quantized rows, quantizer, vocabulary,
 //                            chat templates, model (and its -ngl placement), pooling, context (KV cache,
 //                            batches with an attention mask, embeddings), offload backends (the GPU seam),
-//                            sampler and GBNF grammar, evaluation, memory planning
+//                            sampler and GBNF grammar, speculative decoding (drafts), evaluation,
+//                            memory planning
 //   -- implementation (LLM_IMPLEMENTATION) --
 //   2. Utilities             errors, half/bfloat conversions, timing
 //   3. Block layouts         ggml's quantized blocks, byte for byte, the type table, interleaved groups
@@ -27,7 +28,7 @@
 //  11. Chat templates        Jinja interpreter (values and JSON, lexer, parser, evaluation, builtins)
 //                            with transformers' apply_chat_template semantics; tool-call and
 //                            reasoning parsers of generated text; family renderers (fallback)
-//  12. Thread pool           persistent workers, parallel-for
+//  12. Thread pool           persistent workers, parallel-for (a draft model shares its target's)
 //  13. Model                 hyperparameters from metadata (read_hparams, shared with the quantizer),
 //                            tensor binding per architecture, layer placement (offload driver),
 //                            load-time repacking of the CPU's matmul weights
@@ -39,6 +40,7 @@
 //  17. Sampling              llama.cpp's chain (logit bias, penalties, DRY, top-n-sigma, top-k, typical,
 //                            top-p, min-p, XTC, (dynamic) temperature, mirostat), GBNF grammars
 //  18. Evaluation            perplexity and KL divergence
+//  19. Speculative decoding  prompt lookup (n-gram drafts), the draft model and its vocabulary check
 #ifndef LLM_HPP
 #define LLM_HPP
 
@@ -694,9 +696,15 @@ struct Batch {
     void set_non_causal();  // attn_end of each entry = its sequence's last position in the batch + 1
 };
 
+class ThreadPool;  // implementation detail
+
 class Context {
 public:
     Context(const Model& model, const ContextParams& params);
+    // Runs on share_threads's worker threads instead of starting its own (a draft model beside its
+    // target: the two never decode at the same time, and their own pools would fight for the cores).
+    // The pool lives while either context does.
+    Context(const Model& model, const ContextParams& params, const Context& share_threads);
     ~Context();
     Context(const Context&) = delete;
     Context& operator=(const Context&) = delete;
@@ -739,6 +747,7 @@ public:
 
     struct Impl;
 private:
+    Context(const Model& model, const ContextParams& params, std::shared_ptr<ThreadPool> pool);
     std::unique_ptr<Impl> impl_;
 };
 
@@ -857,6 +866,16 @@ public:
     size_t history_size() const { return history_.size(); }
     void truncate_history(size_t n);
     bool grammar_accepts_eog() const;  // no grammar, or the grammar's text is complete
+    // The whole chain's state: penalty history (DRY reads it too), mirostat's mu, the grammar's stacks
+    // and the random generator, to roll back tokens a caller accepted tentatively.
+    struct Snapshot {
+        std::vector<int32_t> history;
+        float mirostat_mu = 0;
+        std::mt19937_64 rng;
+        std::shared_ptr<const Grammar::State> grammar;  // null without a grammar
+    };
+    Snapshot snapshot() const;
+    void restore(const Snapshot& s);
     const SamplerParams& params() const { return p_; }
     // Probabilities of the most likely candidates after the last sample (for n_probs).
     std::vector<std::pair<int32_t, float>> top_probs(const float* logits, int n_vocab, int n) const;
@@ -872,6 +891,47 @@ private:
 };
 
 int physical_core_count();
+
+// ---- Speculative decoding ------------------------------------------------------------------
+// Drafts: tokens a cheap predictor expects next, which the target then evaluates in one batch. The
+// caller verifies them: it samples each position from the target's logits with its own sampler and
+// keeps a drafted token only while it equals that sample, so the output follows the target exactly
+// (greedy: token for token; sampled: the same distribution, and with a seeded sampler the same tokens).
+struct DraftParams {
+    int n_max = 16;       // most tokens per draft (--draft-max)
+    int n_min = 0;        // a shorter draft is dropped (--draft-min)
+    float p_min = 0.75f;  // a draft model stops before a token it gives less than this (--draft-p-min)
+};
+
+// Prompt lookup (n-gram speculation): the tokens that followed the latest earlier occurrence of the
+// last n tokens of `tokens`, for n from ngram_n down to 2 (the longest match wins); at most n_max.
+std::vector<int32_t> ngram_draft(const std::vector<int32_t>& tokens, int ngram_n, int n_max);
+
+// Throws Error unless the draft's tokens mean what the target's do: the same tokenizer, ids of the
+// shared range with the same text, at most 128 ids more or fewer (llama.cpp's rule), the same BOS/EOS.
+void check_draft_vocab(const Model& target, const Model& draft);
+
+// A draft model: its own KV cache (one sequence per target sequence) that follows the target's tokens.
+class DraftModel {
+public:
+    // target_vocab: the ids a draft may hold (drafting stops at a token outside); params.n_seq
+    // sequences. share_threads: the target's context, whose workers this one borrows.
+    DraftModel(const Model& draft, int target_vocab, const ContextParams& params, const Context& share_threads);
+    // Up to p.n_max tokens the draft expects after `tokens`, greedily, stopping before a token of
+    // probability < p.p_min or at the sequence's end; fewer than p.n_min: none. The tokens that
+    // sequence seq already caches are reused (the common prefix); the rest is fed n_batch at a time.
+    std::vector<int32_t> draft(int seq, const std::vector<int32_t>& tokens, const DraftParams& p, int n_batch);
+    // Brings sequence seq to `tokens` (what draft() does first), so a prompt can be read ahead of time;
+    // the last token's logits are then in context().logits(0).
+    void feed(int seq, const std::vector<int32_t>& tokens, int n_batch);
+    Context& context() { return ctx_; }
+
+private:
+    void decode(int seq, const Batch& batch);
+    Context ctx_;
+    int target_vocab_;
+    std::vector<std::vector<int32_t>> cached_;  // per sequence: the tokens in ctx_'s cache
+};
 
 // ---- Evaluation: perplexity and KL divergence ----------------------------------------------
 // ---- Quality evaluation: perplexity and KL divergence ---------------------------------------
@@ -12772,7 +12832,8 @@ struct KVCache {
 struct Context::Impl {
     const Model& model;
     ContextParams params;
-    ThreadPool pool;
+    std::shared_ptr<ThreadPool> pool_shared;  // this context's workers, or the ones it shares
+    ThreadPool& pool;
     KVCache kv;
     std::vector<float> logits;  // n_logits x n_vocab
     int n_logits = 0;
@@ -12791,9 +12852,10 @@ struct Context::Impl {
     std::vector<std::vector<uint8_t>> thread_bytes;
     std::unique_ptr<OffloadBackend> device;     // runs the layers the model placed on a device
 
-    Impl(const Model& m, const ContextParams& p)
-        : model(m), params(p), pool(std::max(p.n_threads, p.n_threads_batch), p.poll), thread_scratch(pool.size()),
-          thread_bytes(pool.size()) {}
+    Impl(const Model& m, const ContextParams& p, std::shared_ptr<ThreadPool> shared)
+        : model(m), params(p),
+          pool_shared(shared ? std::move(shared) : std::make_shared<ThreadPool>(std::max(p.n_threads, p.n_threads_batch), p.poll)),
+          pool(*pool_shared), thread_scratch(pool.size()), thread_bytes(pool.size()) {}
 
     // One product out[n x rows(w)] = x[n x k] * w^T. Several are run together so that a decode step
     // with many small products (heads, experts) pays one thread hand-off, not one per product.
@@ -13555,7 +13617,12 @@ void moe_route(const HParams& hp, const float* logits, const float* selection_bi
     }
 }
 
-Context::Context(const Model& model, const ContextParams& params) {
+Context::Context(const Model& model, const ContextParams& params) : Context(model, params, nullptr) {}
+
+Context::Context(const Model& model, const ContextParams& params, const Context& share_threads)
+    : Context(model, params, share_threads.impl_->pool_shared) {}
+
+Context::Context(const Model& model, const ContextParams& params, std::shared_ptr<ThreadPool> pool) {
     if (model.layers.empty()) fail("model was loaded without weights (vocab_only)");
     ContextParams p = params;
     if (p.n_threads <= 0) p.n_threads = physical_core_count();
@@ -13565,7 +13632,7 @@ Context::Context(const Model& model, const ContextParams& params) {
     if (p.n_ctx <= 0) p.n_ctx = std::min(model.hp.n_ctx_train, 4096);
     if (p.n_ctx < p.n_seq) fail("context of %d cells cannot hold %d sequences", p.n_ctx, p.n_seq);
     if (!model.hp.causal && !p.embeddings) fail("an encoder (%s) has no logits: use it with embeddings on", model.arch_str.c_str());
-    impl_ = std::make_unique<Impl>(model, p);
+    impl_ = std::make_unique<Impl>(model, p, std::move(pool));
     impl_->kv.init(model.hp, p, p.n_ctx, std::min(model.hp.n_layer, model.placement.first_device_layer));
     if (model.placement.any()) {
         if (p.embeddings && model.placement.output_on_device)
@@ -14622,6 +14689,23 @@ void Sampler::truncate_history(size_t n) {
     if (n < history_.size()) history_.resize(n);
 }
 
+Sampler::Snapshot Sampler::snapshot() const {
+    Snapshot s;
+    s.history = history_;
+    s.mirostat_mu = mirostat_mu_;
+    s.rng = rng_;
+    if (chain_->grammar) s.grammar = std::make_shared<const Grammar::State>(chain_->grammar_state);
+    return s;
+}
+
+void Sampler::restore(const Snapshot& s) {
+    if (!chain_->grammar != !s.grammar) fail("sampler: the snapshot is of a sampler %s a grammar", s.grammar ? "with" : "without");
+    history_ = s.history;
+    mirostat_mu_ = s.mirostat_mu;
+    rng_ = s.rng;
+    if (s.grammar) chain_->grammar_state = *s.grammar;
+}
+
 bool Sampler::grammar_accepts_eog() const {
     if (!chain_->grammar) return true;
     for (const auto& s : chain_->grammar_state.stacks) if (s.empty()) return true;
@@ -15374,6 +15458,101 @@ void print_perplexity_report(const PerplexityResult& r, FILE* out) {
     fprintf(out, "Mean    KLD: %10.6f ± %10.6f\n", r.mean_kl, r.mean_kl_err);
     fprintf(out, "Maximum KLD: %10.6f\n", r.max_kl);
     fprintf(out, "Same top p: %6.3f ± %5.3f %%\n", r.top1_agree, r.top1_agree_err);
+}
+
+// ============================================================================================
+// 19. Speculative decoding: drafts from the text itself (prompt lookup) or from a draft model (see
+//     the API section); the caller verifies them against the target.
+// ============================================================================================
+
+std::vector<int32_t> ngram_draft(const std::vector<int32_t>& tokens, int ngram_n, int n_max) {
+    const int len = (int)tokens.size();
+    for (int n = std::min(ngram_n, len - 1); n >= 2; n--) {
+        const int32_t* tail = tokens.data() + len - n;
+        for (int start = len - n - 1; start >= 0; start--) {  // the latest occurrence that something follows
+            if (!std::equal(tail, tail + n, tokens.data() + start)) continue;
+            const int from = start + n, count = std::max(0, std::min(n_max, len - from));
+            return std::vector<int32_t>(tokens.begin() + from, tokens.begin() + from + count);
+        }
+    }
+    return {};
+}
+
+void check_draft_vocab(const Model& target, const Model& draft) {
+    const Vocab &tv = target.vocab, &dv = draft.vocab;
+    if (tv.model_type() != dv.model_type())
+        fail("draft model: its tokenizer (%s) is not the target's (%s)", dv.model_type().c_str(), tv.model_type().c_str());
+    if (std::abs(target.hp.n_vocab - draft.hp.n_vocab) > 128)
+        fail("draft model: %d tokens against the target's %d (they may differ by 128 at most)", draft.hp.n_vocab, target.hp.n_vocab);
+    if (tv.bos() != dv.bos() || tv.eos() != dv.eos())
+        fail("draft model: BOS/EOS are %d/%d, the target's %d/%d", dv.bos(), dv.eos(), tv.bos(), tv.eos());
+    const int32_t shared = std::min(tv.n_tokens(), dv.n_tokens());
+    for (int32_t id = 0; id < shared; id++) {
+        if (tv.token_text(id) != dv.token_text(id))
+            fail("draft model: token %d is '%s', the target's is '%s'", id, dv.token_text(id).c_str(), tv.token_text(id).c_str());
+    }
+}
+
+DraftModel::DraftModel(const Model& draft, int target_vocab, const ContextParams& params, const Context& share_threads)
+    : ctx_(draft, params, share_threads), target_vocab_(target_vocab), cached_(ctx_.n_seq()) {}
+
+// The most likely token of a row of logits and its probability.
+static std::pair<int32_t, double> best_token(const float* logits, int n_vocab) {
+    const int32_t best = (int32_t)(std::max_element(logits, logits + n_vocab) - logits);
+    double sum = 0;
+    for (int i = 0; i < n_vocab; i++) sum += std::exp((double)logits[i] - logits[best]);
+    return {best, 1.0 / sum};
+}
+
+void DraftModel::feed(int seq, const std::vector<int32_t>& tokens, int n_batch) {
+    if (seq < 0 || seq >= ctx_.n_seq()) fail("draft model: no sequence %d", seq);
+    if (tokens.empty() || (int)tokens.size() > ctx_.n_ctx_seq()) fail("draft model: %zu tokens do not fit its sequence", tokens.size());
+    std::vector<int32_t>& cached = cached_[seq];
+    // Reuse the common prefix; the last token is evaluated again for its logits.
+    size_t keep = 0;
+    while (keep < cached.size() && keep + 1 < tokens.size() && cached[keep] == tokens[keep]) keep++;
+    ctx_.seq_truncate(seq, (int)keep);
+    cached.resize(keep);
+    const int len = (int)tokens.size(), step = std::max(1, n_batch);
+    Batch batch;
+    for (int from = (int)keep; from < len; from += step) {
+        const int to = std::min(len, from + step);
+        batch.clear();
+        for (int i = from; i < to; i++) batch.add(tokens[i], i, seq, i == len - 1);
+        decode(seq, batch);
+        cached.insert(cached.end(), tokens.begin() + from, tokens.begin() + to);
+    }
+}
+
+void DraftModel::decode(int seq, const Batch& batch) {
+    try {
+        ctx_.decode(batch);
+    } catch (const Error&) {  // what the cache holds is unknown now: the sequence starts over next time
+        ctx_.seq_truncate(seq, 0);
+        cached_[seq].clear();
+        throw;
+    }
+}
+
+std::vector<int32_t> DraftModel::draft(int seq, const std::vector<int32_t>& tokens, const DraftParams& p, int n_batch) {
+    const int len = (int)tokens.size();
+    const int n_max = std::min(p.n_max, ctx_.n_ctx_seq() - len);  // positions the draft's sequence has left
+    if (len == 0 || n_max <= 0 || n_max < p.n_min) return {};
+    feed(seq, tokens, n_batch);
+    std::vector<int32_t> out;
+    Batch batch;
+    for (;;) {
+        const auto [token, prob] = best_token(ctx_.logits(0), ctx_.model().hp.n_vocab);
+        if (token >= target_vocab_ || prob < p.p_min) break;
+        out.push_back(token);
+        if ((int)out.size() >= n_max) break;
+        batch.clear();
+        batch.add(token, len + (int)out.size() - 1, seq, true);
+        decode(seq, batch);
+        cached_[seq].push_back(token);
+    }
+    if ((int)out.size() < p.n_min) out.clear();
+    return out;
 }
 
 } // namespace llm

@@ -217,9 +217,9 @@ json params_json(const TaskParams& p) {
                 {"min_keep", sp.min_keep},
                 {"grammar", sp.grammar},
                 {"samplers", sampler_names_json(sp.samplers)},
-                {"speculative.n_max", 0},
-                {"speculative.n_min", 0},
-                {"speculative.p_min", 0.0},
+                {"speculative.n_max", p.speculative.n_max},
+                {"speculative.n_min", p.speculative.n_min},
+                {"speculative.p_min", p.speculative.p_min},
                 {"timings_per_token", false},
                 {"post_sampling_probs", p.post_sampling_probs},
                 {"cache_prompt", p.cache_prompt},
@@ -344,6 +344,11 @@ TaskParams Api::parse_params(const json& b, ApiKind kind) const {
     int64_t seed = get_int(b, "seed", -1, -1, INT64_MAX);
     if (seed >= 0) p.sampling.seed = (uint64_t)seed;
     p.n_probs = (int)get_int(b, "n_probs", 0, 0, 100);
+    // As llama-server: the server's drafting settings, per request; n_min at most n_max.
+    p.speculative = o_.spec.draft;
+    p.speculative.n_max = (int)get_int(b, "speculative.n_max", p.speculative.n_max, 0, 256);
+    p.speculative.n_min = std::min(p.speculative.n_max, (int)get_int(b, "speculative.n_min", p.speculative.n_min, 0, 256));
+    p.speculative.p_min = (float)get_num(b, "speculative.p_min", p.speculative.p_min);
     p.post_sampling_probs = get_bool(b, "post_sampling_probs", false);
     p.cache_prompt = get_bool(b, "cache_prompt", o_.srv.cache_prompt);
     p.return_tokens = get_bool(b, "return_tokens", false);
@@ -704,15 +709,20 @@ std::string Api::render_chat(const json& b, const std::string& body) const {
 json Api::timings_json(const Result& r) const {
     auto per_tok = [](double ms, int n) { return n > 0 ? ms / n : 0.0; };
     auto per_s = [](double ms, int n) { return ms > 0 ? 1000.0 * n / ms : 0.0; };
-    return json{{"cache_n", r.n_cache_reused},
-                {"prompt_n", r.n_prompt_evaluated},
-                {"prompt_ms", r.prompt_ms},
-                {"prompt_per_token_ms", per_tok(r.prompt_ms, r.n_prompt_evaluated)},
-                {"prompt_per_second", per_s(r.prompt_ms, r.n_prompt_evaluated)},
-                {"predicted_n", r.n_predicted},
-                {"predicted_ms", r.predicted_ms},
-                {"predicted_per_token_ms", per_tok(r.predicted_ms, r.n_predicted)},
-                {"predicted_per_second", per_s(r.predicted_ms, r.n_predicted)}};
+    json j{{"cache_n", r.n_cache_reused},
+           {"prompt_n", r.n_prompt_evaluated},
+           {"prompt_ms", r.prompt_ms},
+           {"prompt_per_token_ms", per_tok(r.prompt_ms, r.n_prompt_evaluated)},
+           {"prompt_per_second", per_s(r.prompt_ms, r.n_prompt_evaluated)},
+           {"predicted_n", r.n_predicted},
+           {"predicted_ms", r.predicted_ms},
+           {"predicted_per_token_ms", per_tok(r.predicted_ms, r.n_predicted)},
+           {"predicted_per_second", per_s(r.predicted_ms, r.n_predicted)}};
+    if (r.n_draft > 0) {  // as llama-server: only when the request drafted
+        j["draft_n"] = r.n_draft;
+        j["draft_n_accepted"] = r.n_draft_accepted;
+    }
+    return j;
 }
 
 // n_probs entries: log-probabilities before sampling, or with post_sampling_probs the probabilities
@@ -1113,7 +1123,7 @@ void Api::handle_props(http::Response& res) {
     TaskParams def = parse_params(json::object(), ApiKind::Completion);
     const llm::Vocab& v = model_->vocab;
     json j{{"default_generation_settings",
-            {{"id", 0}, {"id_task", -1}, {"n_ctx", n_ctx_slot_}, {"speculative", false}, {"is_processing", false}, {"params", params_json(def)},
+            {{"id", 0}, {"id_task", -1}, {"n_ctx", n_ctx_slot_}, {"speculative", sched_->speculative()}, {"is_processing", false}, {"params", params_json(def)},
              {"prompt", ""}, {"next_token", {{"has_next_token", true}, {"has_new_line", false}, {"n_remain", -1}, {"n_decoded", 0}, {"stopping_word", ""}}}}},
            {"total_slots", n_slots_},
            {"model_alias", model_id()},
@@ -1149,7 +1159,7 @@ void Api::handle_slots(const http::Request& req, http::Response& res) {
         arr.push_back({{"id", v.id},
                        {"id_task", v.task},
                        {"n_ctx", n_ctx_slot_},
-                       {"speculative", false},
+                       {"speculative", v.speculative},
                        {"is_processing", v.busy},
                        {"n_past", v.n_past},
                        {"tokens_cached", v.n_past},
@@ -1236,9 +1246,10 @@ void Api::handle_metrics(http::Response& res) {
     metric("gauge", "kv_cache_tokens", "KV-cache tokens.", (double)s.kv_tokens);
     metric("gauge", "requests_processing", "Number of requests processing.", l.busy);
     metric("gauge", "requests_deferred", "Number of requests deferred.", l.deferred);
-    metric("counter", "spec_decode_num_draft_tokens_total", "Total draft tokens generated (0 when spec-decode is off).", 0);
-    metric("counter", "spec_decode_num_accepted_tokens_total", "Total draft tokens accepted by the target model (0 when spec-decode is off).", 0);
-    metric("counter", "spec_decode_num_drafts_total", "Total speculative decoding verification steps (0 when spec-decode is off).", 0);
+    metric("counter", "spec_decode_num_draft_tokens_total", "Total draft tokens generated (0 when spec-decode is off).", (double)s.n_draft_tokens);
+    metric("counter", "spec_decode_num_accepted_tokens_total", "Total draft tokens accepted by the target model (0 when spec-decode is off).",
+           (double)s.n_draft_accepted);
+    metric("counter", "spec_decode_num_drafts_total", "Total speculative decoding verification steps (0 when spec-decode is off).", (double)s.n_drafts);
     res.set_content(out, "text/plain; version=0.0.4");
 }
 

@@ -91,18 +91,37 @@ Apply note(const std::string& meaning, char level = 'I') {
 
 const char* kCpuOnly = "this is a CPU build: there is nothing to offload (ignored)";
 const char* kNoDownload = "nothing is ever downloaded here: give the model file with -m (ignored)";
-const char* kNoDraft = "no speculative decoding in this build (ignored)";
+const char* kNoLookupCache = "n-gram speculation looks up the request's own tokens (--spec-type ngram-simple); no lookup cache files (ignored)";
 const char* kNoMedia = "no multimodal input in this build (ignored)";
 const char* kThreadsOwn = "the engine runs its own thread pool of -t threads (ignored)";
 const char* kLater = "accepted; this build's sampler does not have it yet (ignored)";
 
 #ifdef LLM_OFFLOAD
-// -ngl N | all | auto (llama.cpp's spellings; all and auto offload everything).
-void set_gpu_layers(Options& o, const Arg& a) {
-    o.n_gpu_layers = a.value == "all" || a.value == "auto" ? -1 : a.to_int();
-    if (o.n_gpu_layers < -1) usage_error(a.flag + " must be a layer count, all or auto");
+// -ngl / -ngld N | all | auto (llama.cpp's spellings; all and auto offload everything).
+int gpu_layer_count(const Arg& a) {
+    const int n = a.value == "all" || a.value == "auto" ? -1 : a.to_int();
+    if (n < -1) usage_error(a.flag + " must be a layer count, all or auto");
+    return n;
 }
+void set_gpu_layers(Options& o, const Arg& a) { o.n_gpu_layers = gpu_layer_count(a); }
 #endif
+
+// --spec-type: llama-server's names of the kinds this build has (none, a draft model, n-gram lookup);
+// its other n-gram variants run as the lookup, with a note.
+void set_spec_type(Options& o, const Arg& a) {
+    for (const std::string& t : a.list()) {
+        if (t == "none") {
+            o.spec.ngram = false;
+        } else if (t == "ngram-simple" || t == "ngram") {
+            o.spec.ngram = true;
+        } else if (t == "ngram-map-k" || t == "ngram-map-k4v" || t == "ngram-mod" || t == "ngram-cache") {
+            o.spec.ngram = true;
+            o.notes.push_back({'I', a.flag + " " + t + ": runs as ngram-simple (the lookup of the request's own tokens)"});
+        } else if (t != "draft-simple" && t != "draft") {  // the draft model speculates whenever -md gives one
+            usage_error(a.flag + ": unknown type '" + t + "' (none, draft-simple, ngram-simple)");
+        }
+    }
+}
 
 std::vector<int32_t> parse_ids(const Arg& a) {
     std::vector<int32_t> ids;
@@ -322,8 +341,10 @@ const std::vector<Flag>& flags() {
         {{"--log-prefix"}, {"--no-log-prefix"}, "LLAMA_ARG_LOG_PREFIX", nullptr, G::Common, "prefix in log messages", note("every line has its level letter (ignored)")},
         {{"--log-timestamps"}, {"--no-log-timestamps"}, "LLAMA_ARG_LOG_TIMESTAMPS", nullptr, G::Common, "timestamps in log messages",
          note("every line has its UTC timestamp (ignored)")},
-        {{"-ctkd", "--cache-type-k-draft", "--spec-draft-type-k"}, {}, "LLAMA_ARG_CACHE_TYPE_K_DRAFT", "TYPE", G::Common, "K cache type of the draft model", note(kNoDraft)},
-        {{"-ctvd", "--cache-type-v-draft", "--spec-draft-type-v"}, {}, "LLAMA_ARG_CACHE_TYPE_V_DRAFT", "TYPE", G::Common, "V cache type of the draft model", note(kNoDraft)},
+        {{"-ctkd", "--cache-type-k-draft", "--spec-draft-type-k"}, {}, "LLAMA_ARG_CACHE_TYPE_K_DRAFT", "TYPE", G::Common, "K cache type of the draft model (default f16)",
+         [](Options& o, const Arg& a) { o.spec.type_k = a.to_type(); }},
+        {{"-ctvd", "--cache-type-v-draft", "--spec-draft-type-v"}, {}, "LLAMA_ARG_CACHE_TYPE_V_DRAFT", "TYPE", G::Common, "V cache type of the draft model (default f16)",
+         [](Options& o, const Arg& a) { o.spec.type_v = a.to_type(); }},
         {{"--verbose-prompt"}, {}, nullptr, nullptr, G::Common, "print the prompt's tokens before generating (-p mode)",
          [](Options& o, const Arg&) { o.verbose_prompt = true; }},
 
@@ -374,8 +395,8 @@ const std::vector<Flag>& flags() {
         {{"-bs", "--backend-sampling"}, {}, "LLAMA_ARG_BACKEND_SAMPLING", nullptr, G::Sampling, "backend sampling", note(kCpuOnly)},
 
         // ---- example-specific params (llama-server)
-        {{"-lcs", "--lookup-cache-static"}, {}, nullptr, "FNAME", G::Server, "static lookup cache", note(kNoDraft)},
-        {{"-lcd", "--lookup-cache-dynamic"}, {}, nullptr, "FNAME", G::Server, "dynamic lookup cache", note(kNoDraft)},
+        {{"-lcs", "--lookup-cache-static"}, {}, nullptr, "FNAME", G::Server, "static lookup cache", note(kNoLookupCache)},
+        {{"-lcd", "--lookup-cache-dynamic"}, {}, nullptr, "FNAME", G::Server, "dynamic lookup cache", note(kNoLookupCache)},
         {{"-ctxcp", "--ctx-checkpoints", "--swa-checkpoints"}, {}, "LLAMA_ARG_CTX_CHECKPOINTS", "N", G::Server, "context checkpoints per slot",
          note("slots keep their whole KV sequence; no checkpoints are needed (ignored)")},
         {{"-cram", "--cache-ram"}, {}, "LLAMA_ARG_CACHE_RAM", "N", G::Server, "host-RAM cache of evicted slot states in MiB (default 8192, 0 off, -1 no limit)",
@@ -523,20 +544,38 @@ const std::vector<Flag>& flags() {
         {{"--lora-init-without-apply"}, {}, nullptr, nullptr, G::Server, "load LoRA adapters without applying them", note("LoRA adapters are not supported (ignored)")},
         {{"--sleep-idle-seconds"}, {}, nullptr, "SECONDS", G::Server, "sleep when idle", note("the server never unloads its model (ignored)")},
         {{"--log-prompts-dir"}, {}, nullptr, "PATH", G::Server, "log prompts to a folder", note("use -v to log request bodies (ignored)")},
-        {{"-md", "--model-draft", "--spec-draft-model"}, {}, "LLAMA_ARG_MODEL_DRAFT", "FNAME", G::Server, "draft model", note(kNoDraft)},
+        {{"-md", "--model-draft", "--spec-draft-model"}, {}, "LLAMA_ARG_MODEL_DRAFT", "FNAME", G::Server,
+         "draft model for speculative decoding (its vocabulary must be the target's)", [](Options& o, const Arg& a) { o.spec.model = a.value; }},
         {{"-hfd", "-hfrd", "--hf-repo-draft", "--spec-draft-hf"}, {}, "LLAMA_ARG_HFD_REPO", "<user>/<model>[:quant]", G::Server, "draft model repository", note(kNoDownload)},
-        {{"-td", "--threads-draft", "--spec-draft-threads"}, {}, nullptr, "N", G::Server, "draft threads", note(kNoDraft)},
-        {{"-tbd", "--threads-batch-draft", "--spec-draft-threads-batch"}, {}, nullptr, "N", G::Server, "draft batch threads", note(kNoDraft)},
-        {{"-Cd", "--cpu-mask-draft"}, {}, nullptr, "M", G::Server, "draft CPU mask", note(kNoDraft)},
-        {{"-Crd", "--cpu-range-draft"}, {}, nullptr, "lo-hi", G::Server, "draft CPU range", note(kNoDraft)},
-        {{"-devd", "--device-draft", "--spec-draft-device"}, {}, nullptr, "<dev1,dev2,..>", G::Server, "draft devices", note(kNoDraft)},
-        {{"-ngld", "--gpu-layers-draft", "--n-gpu-layers-draft", "--spec-draft-ngl"}, {}, "LLAMA_ARG_N_GPU_LAYERS_DRAFT", "N", G::Server, "draft layers in VRAM", note(kNoDraft)},
-        {{"--draft", "--draft-n", "--draft-max", "--spec-draft-n-max"}, {}, "LLAMA_ARG_DRAFT_MAX", "N", G::Server, "tokens to draft", note(kNoDraft)},
-        {{"--draft-min", "--draft-n-min", "--spec-draft-n-min"}, {}, "LLAMA_ARG_DRAFT_MIN", "N", G::Server, "minimum draft tokens", note(kNoDraft)},
-        {{"--draft-p-min", "--spec-draft-p-min"}, {}, "LLAMA_ARG_DRAFT_P_MIN", "P", G::Server, "minimum draft probability", note(kNoDraft)},
-        {{"--draft-p-split", "--spec-draft-p-split"}, {}, "LLAMA_ARG_DRAFT_P_SPLIT", "P", G::Server, "draft split probability", note(kNoDraft)},
-        {{"--spec-type"}, {}, "LLAMA_ARG_SPEC_TYPE", "TYPES", G::Server, "speculative decoding types", note(kNoDraft)},
-        {{"--spec-default"}, {}, nullptr, nullptr, G::Server, "default speculative decoding config", note(kNoDraft)},
+        {{"-td", "--threads-draft", "--spec-draft-threads"}, {}, nullptr, "N", G::Server, "threads of the draft model (default: as -t; they are the target's workers)",
+         [](Options& o, const Arg& a) { o.spec.n_threads = std::max(0, a.to_int()); }},
+        {{"-tbd", "--threads-batch-draft", "--spec-draft-threads-batch"}, {}, nullptr, "N", G::Server, "batch threads of the draft model (default: as -td)",
+         [](Options& o, const Arg& a) { o.spec.n_threads_batch = std::max(0, a.to_int()); }},
+        {{"-Cd", "--cpu-mask-draft"}, {}, nullptr, "M", G::Server, "draft CPU mask", note(kThreadsOwn)},
+        {{"-Crd", "--cpu-range-draft"}, {}, nullptr, "lo-hi", G::Server, "draft CPU range", note(kThreadsOwn)},
+        {{"-cd", "--ctx-size-draft", "--spec-draft-ctx-size"}, {}, "LLAMA_ARG_CTX_SIZE_DRAFT", "N", G::Server, "context size of the draft model (default: the target's)",
+         [](Options& o, const Arg& a) { o.spec.n_ctx = std::max(0, a.to_int()); }},
+        {{"-devd", "--device-draft", "--spec-draft-device"}, {}, nullptr, "<dev1,dev2,..>", G::Server, "devices of the draft model",
+         note("the draft model runs where -ngld places it, on the one device (ignored)")},
+#ifdef LLM_OFFLOAD
+        {{"-ngld", "--gpu-layers-draft", "--n-gpu-layers-draft", "--spec-draft-ngl"}, {}, "LLAMA_ARG_N_GPU_LAYERS_DRAFT", "N", G::Server,
+         "draft model layers to store in VRAM (as -ngl)", [](Options& o, const Arg& a) { o.spec.n_gpu_layers = gpu_layer_count(a); }},
+#else
+        {{"-ngld", "--gpu-layers-draft", "--n-gpu-layers-draft", "--spec-draft-ngl"}, {}, "LLAMA_ARG_N_GPU_LAYERS_DRAFT", "N", G::Server, "draft model layers in VRAM", note(kCpuOnly)},
+#endif
+        {{"--draft", "--draft-n", "--draft-max", "--spec-draft-n-max"}, {}, "LLAMA_ARG_DRAFT_MAX", "N", G::Server, "most tokens to draft per step (default 16)",
+         [](Options& o, const Arg& a) { o.spec.draft.n_max = a.to_int(); }},
+        {{"--draft-min", "--draft-n-min", "--spec-draft-n-min"}, {}, "LLAMA_ARG_DRAFT_MIN", "N", G::Server, "fewest drafted tokens worth verifying (default 0)",
+         [](Options& o, const Arg& a) { o.spec.draft.n_min = a.to_int(); }},
+        {{"--draft-p-min", "--spec-draft-p-min"}, {}, "LLAMA_ARG_DRAFT_P_MIN", "P", G::Server, "the draft model stops before a token it gives less (default 0.75)",
+         [](Options& o, const Arg& a) { o.spec.draft.p_min = a.to_float(); }},
+        {{"--draft-p-split", "--spec-draft-p-split"}, {}, "LLAMA_ARG_DRAFT_P_SPLIT", "P", G::Server, "draft split probability", note("drafts are one sequence, never a tree (ignored)")},
+        {{"--spec-type"}, {}, "LLAMA_ARG_SPEC_TYPE", "TYPES", G::Server,
+         "speculative decoding: none, draft-simple (with -md), ngram-simple (drafts from earlier occurrences of the last tokens); comma-separated", set_spec_type},
+        {{"--spec-ngram-size-n", "--spec-ngram-simple-size-n"}, {}, nullptr, "N", G::Server, "n-gram speculation: the longest suffix looked up (default 3)",
+         [](Options& o, const Arg& a) { o.spec.ngram_n = a.to_int(); }},
+        {{"--spec-default"}, {}, nullptr, nullptr, G::Server, "default speculative decoding config",
+         [](Options& o, const Arg&) { o.spec.ngram = true; }},
         {{"--embd-gemma-default", "--fim-qwen-1.5b-default", "--fim-qwen-3b-default", "--fim-qwen-7b-default", "--fim-qwen-7b-spec",
           "--fim-qwen-14b-spec", "--fim-qwen-30b-default", "--gpt-oss-20b-default", "--gpt-oss-120b-default", "--vision-gemma-4b-default",
           "--vision-gemma-12b-default"},
@@ -699,6 +738,9 @@ Options parse_args(int argc, char** argv) {
     if (o.n_threads_batch < 0) usage_error("--threads-batch must not be negative");
     if (o.poll < 0 || o.poll > 100) usage_error("--poll must be in 0..100");
     if (o.n_parallel <= 0 || o.n_parallel > 256) usage_error("--parallel must be in 1..256");
+    if (o.spec.draft.n_max < 0 || o.spec.draft.n_max > 256) usage_error("--draft-max must be in 0..256");
+    if (o.spec.draft.n_min < 0 || o.spec.draft.n_min > o.spec.draft.n_max) usage_error("--draft-min must be in 0..--draft-max");
+    if (o.spec.ngram_n < 2 || o.spec.ngram_n > 64) usage_error("--spec-ngram-size-n must be in 2..64");
     if (o.srv.reranking) {
         if (o.pooling != llm::Pooling::Unspecified && o.pooling != llm::Pooling::Rank) usage_error("--reranking needs --pooling rank");
         o.pooling = llm::Pooling::Rank;

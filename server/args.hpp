@@ -32,6 +32,17 @@ struct ServerOptions {
     bool spm_infill = false;  // /infill puts the suffix first (suffix/prefix/middle), for models trained so
 };
 
+// Speculative decoding (-md, --spec-type, --draft-*): used by the server, -p mode and --bench.
+struct SpecOptions {
+    std::string model;                // -md: the draft model
+    bool ngram = false;               // --spec-type ngram-simple: drafts from the tokens themselves
+    int ngram_n = 3;                  // --spec-ngram-size-n: the longest suffix looked up
+    llm::DraftParams draft;           // --draft-max, --draft-min, --draft-p-min
+    int n_ctx = 0, n_threads = 0, n_threads_batch = 0, n_gpu_layers = 0;  // -cd (0: the target's), -td, -tbd, -ngld
+    llm::Type type_k = llm::Type::F16, type_v = llm::Type::F16;           // -ctkd, -ctvd
+    bool enabled() const { return ngram || !model.empty(); }
+};
+
 struct Options {
     std::string model, prompt, prompt_file, dump_logits, perplexity_file, kl_base;
     std::string render_chat;  // --render-chat REQUEST.json
@@ -53,6 +64,7 @@ struct Options {
     llm::Pooling pooling = llm::Pooling::Unspecified;   // --pooling
     llm::SamplerParams sampling;
     ServerOptions srv;
+    SpecOptions spec;
     // What accepted flags mean here, one line each ('I' or 'W', text), logged at startup.
     std::vector<std::pair<char, std::string>> notes;
 };

@@ -7,8 +7,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <random>
 
+#include "speculative.hpp"
 #include "util.hpp"
 
 namespace srv {
@@ -83,6 +85,62 @@ void print_timing(const char* what, double ms, int n) {
             n > 0 ? ms / n : 0.0, n > 0 && ms > 0 ? 1000.0 * n / ms : 0.0);
 }
 
+// What a generation did with its drafts.
+struct DraftStats {
+    int drafted = 0, accepted = 0, steps = 0;  // steps: target evaluations that carried a draft
+};
+
+// The drafters of -md / --spec-type, or null without them.
+std::unique_ptr<Speculator> make_speculator(const Options& o, const llm::Model& m, const llm::Context& ctx) {
+    if (!o.spec.enabled()) return nullptr;
+    auto spec = std::make_unique<Speculator>(o, m, ctx, 1);
+    fprintf(stderr, "speculative decoding: %s\n", spec->describe().c_str());
+    return spec;
+}
+
+// Samples up to `limit` tokens after `tokens` (sequence 0 of ctx holds them; row 0 of its logits is the
+// last one's), stopping at an end-of-generation token (unless ignore_eos) or when on_token says so.
+// With a speculator each evaluation carries a draft after the sampled token: every position is sampled
+// as without one and a drafted token is kept while it equals the sample. Returns the tokens sampled.
+int generate(llm::Context& ctx, llm::Sampler& sampler, Speculator* spec, const llm::DraftParams& dp, std::vector<int32_t> tokens, int limit,
+             int n_batch, bool ignore_eos, const std::function<bool(int32_t)>& on_token, DraftStats& st) {
+    const llm::Model& m = ctx.model();
+    std::vector<int32_t> draft;
+    size_t row = 0;  // the logits row to sample: the accepted drafts so far
+    int n_gen = 0;
+    llm::Batch batch;
+    while (n_gen < limit) {
+        const int32_t tok = sampler.sample(ctx.logits((int)row), m.hp.n_vocab);
+        sampler.accept(tok);
+        n_gen++;
+        const bool kept = row < draft.size() && tok == draft[row];
+        st.accepted += kept;
+        if ((m.vocab.is_eog(tok) && !ignore_eos) || !on_token(tok) || n_gen == limit) break;
+        tokens.push_back(tok);
+        if (kept) {  // its logits are the next row
+            row++;
+            continue;
+        }
+        if (spec) spec->record(0, (int)draft.size(), (int)row);
+        ctx.seq_truncate(0, (int)tokens.size() - 1);  // the rejected drafts' rows go
+        const int room = std::min(limit - n_gen - 1, ctx.n_ctx_seq() - (int)tokens.size());
+        draft = spec ? spec->draft(0, tokens, dp, room, n_batch) : std::vector<int32_t>();
+        st.drafted += (int)draft.size();
+        st.steps += !draft.empty();
+        batch.clear();
+        batch.add(tok, (int)tokens.size() - 1, 0, true);
+        for (size_t i = 0; i < draft.size(); i++) batch.add(draft[i], (int)(tokens.size() + i), 0, true);
+        ctx.decode(batch);
+        row = 0;
+    }
+    return n_gen;
+}
+
+void print_draft_stats(const DraftStats& st, int n_gen) {
+    fprintf(stderr, "%18s = %5d tokens in %d drafts, %d accepted (%.1f%%); %d tokens generated\n", "draft", st.drafted, st.steps,
+            st.accepted, st.drafted ? 100.0 * st.accepted / st.drafted : 0.0, n_gen);
+}
+
 }  // namespace
 
 int run_complete(const Options& o, const llm::Model& m) {
@@ -108,37 +166,34 @@ int run_complete(const Options& o, const llm::Model& m) {
     prefill(ctx, tokens, 0, o.n_batch, nullptr);
     double t_prompt = now_seconds() - t0;
 
-    int n_gen = 0, pos = (int)tokens.size();
+    const int pos = (int)tokens.size();
     const int limit = o.n_predict < 0 ? ctx.n_ctx_seq() - pos : std::min(o.n_predict, ctx.n_ctx_seq() - pos);
+    std::unique_ptr<Speculator> spec = make_speculator(o, m, ctx);
+    if (spec) spec->prefill(0, tokens, o.n_batch);
     double t1 = now_seconds();
-    llm::Batch batch;
     std::string generated;  // for -r / --reverse-prompt: generation stops once one appears in it
     auto at_reverse_prompt = [&](size_t before) {
         return std::any_of(o.reverse_prompts.begin(), o.reverse_prompts.end(), [&](const std::string& r) {
             return generated.find(r, before > r.size() ? before - r.size() : 0) != std::string::npos;
         });
     };
-    while (n_gen < limit) {
-        int32_t tok = sampler.sample(ctx.logits(0), m.hp.n_vocab);
-        sampler.accept(tok);
-        n_gen++;
-        if (m.vocab.is_eog(tok) && !o.ignore_eos) break;
+    auto print = [&](int32_t tok) {
         const std::string piece = m.vocab.token_to_piece(tok, o.special);
         fputs(piece.c_str(), stdout);
         fflush(stdout);
         const size_t before = generated.size();
         generated += piece;
-        if (n_gen == limit || at_reverse_prompt(before)) break;
-        batch.clear();
-        batch.add(tok, pos++, 0, true);
-        ctx.decode(batch);
-    }
+        return !at_reverse_prompt(before);
+    };
+    DraftStats st;
+    const int n_gen = generate(ctx, sampler, spec.get(), o.spec.draft, tokens, limit, o.n_batch, o.ignore_eos, print, st);
     double t_gen = now_seconds() - t1;
     printf("\n");
     fprintf(stderr, "\n");
     print_timing("prompt eval time", t_prompt * 1000, (int)tokens.size());
     print_timing("eval time", t_gen * 1000, n_gen);
     print_timing("total time", (t_prompt + t_gen) * 1000, (int)tokens.size() + n_gen);
+    if (spec) print_draft_stats(st, n_gen);
     return 0;
 }
 

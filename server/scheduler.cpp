@@ -27,8 +27,8 @@ bool Channel::pop(Result& r, int timeout_ms) {
     return true;
 }
 
-Scheduler::Scheduler(const llm::Model& model, llm::Context& ctx, const SchedulerConfig& cfg)
-    : model_(model), ctx_(ctx), cfg_(cfg), n_ctx_slot_(ctx.n_ctx_seq()), n_vocab_(model.hp.n_vocab) {
+Scheduler::Scheduler(const llm::Model& model, llm::Context& ctx, const SchedulerConfig& cfg, Speculator* spec)
+    : model_(model), ctx_(ctx), cfg_(cfg), spec_(spec), n_ctx_slot_(ctx.n_ctx_seq()), n_vocab_(model.hp.n_vocab) {
     slots_.resize(cfg_.n_slots);
     for (int i = 0; i < cfg_.n_slots; i++) slots_[i].id = i;
     ram_.set_limit(cfg_.ram_cache_bytes);
@@ -169,6 +169,9 @@ void Scheduler::start_task(Slot& s, std::unique_ptr<Task> t) {
                                                                         : Slot::Thinking::Before;
     s.n_thinking = 0;
     s.forced.clear();
+    s.drafted.clear();
+    s.n_draft = s.n_draft_accepted = 0;
+    if (spec_) spec_->reset(s.id);
     log_msg('I', "slot %d: task %lld: prompt %zu tokens, %zu cached, n_predict %d", s.id, (long long)t->id, prompt.size(), reuse,
             t->p.n_predict);
     s.task = std::move(t);
@@ -361,6 +364,8 @@ void Scheduler::finish(Slot& s, const std::string& stop_type) {
     r.n_cache_reused = s.n_cache_reused;
     r.n_predicted = s.n_decoded;
     r.n_cache = (int)s.cache.size();
+    r.n_draft = s.n_draft;
+    r.n_draft_accepted = s.n_draft_accepted;
     r.stop_type = stop_type;
     r.stopping_word = s.stopping_word;
     r.truncated = s.truncated;
@@ -375,10 +380,11 @@ void Scheduler::finish(Slot& s, const std::string& stop_type) {
         stats_.predicted_s += r.predicted_ms / 1000;
         stats_.requests_done++;
     }
-    log_msg('I', "slot %d: task %lld done (%s): prompt %d tokens, %d evaluated in %.1f ms; %d predicted in %.1f ms (%.2f tokens/s)%s",
+    const std::string shifts = s.n_shifts ? ", " + std::to_string(s.n_shifts) + " context shifts" : "";
+    const std::string drafts = s.n_draft ? ", " + std::to_string(s.n_draft_accepted) + " of " + std::to_string(s.n_draft) + " drafted accepted" : "";
+    log_msg('I', "slot %d: task %lld done (%s): prompt %d tokens, %d evaluated in %.1f ms; %d predicted in %.1f ms (%.2f tokens/s)%s%s",
             s.id, (long long)s.task->id, stop_type.c_str(), s.n_prompt, s.n_prompt_evaluated, r.prompt_ms, s.n_decoded, r.predicted_ms,
-            r.predicted_ms > 0 ? 1000.0 * s.n_decoded / r.predicted_ms : 0.0,
-            s.n_shifts ? (", " + std::to_string(s.n_shifts) + " context shifts").c_str() : "");
+            r.predicted_ms > 0 ? 1000.0 * s.n_decoded / r.predicted_ms : 0.0, shifts.c_str(), drafts.c_str());
     s.task->ch->push(std::move(r));
     release(s);
 }
@@ -477,6 +483,46 @@ void Scheduler::on_logits(Slot& s, const float* logits) {
     emit_partial(s);
 }
 
+// Drafts for the generating slots that speculate, within what the step's budget leaves beyond every
+// generating slot's next token, the slot's cells and the tokens the request may still produce.
+void Scheduler::plan_drafts(size_t budget) {
+    size_t n_next = 0;
+    for (Slot& s : slots_) n_next += s.task && s.pending() == 1;
+    size_t spare = budget > n_next ? budget - n_next : 0;
+    for (Slot& s : slots_) {
+        s.drafted.clear();
+        if (!spec_ || !s.task || !s.generating || s.pending() != 1 || spare == 0) continue;
+        const TaskParams& p = s.task->p;
+        if (p.speculative.n_max <= 0 || p.embed) continue;
+        int room = std::min<int>((int)spare, n_ctx_slot_ - 1 - (int)s.cache.size());  // drafts follow the pending token
+        if (p.n_predict > 0) room = std::min(room, p.n_predict - s.n_decoded - 1);
+        s.drafted = spec_->draft(s.id, s.target, p.speculative, room, cfg_.budget);
+        spare -= s.drafted.size();
+    }
+}
+
+// The target's verdict on a slot's draft: each position is sampled as it would be without one, and a
+// drafted token stays while it equals that sample (its KV row is in place); the rest leaves the cache.
+void Scheduler::verify(Slot& s, int first_logits) {
+    const std::vector<int32_t> draft = std::move(s.drafted);
+    s.drafted.clear();
+    s.n_draft += (int)draft.size();
+    int accepted = 0;
+    for (size_t i = 0;; i++) {
+        on_logits(s, ctx_.logits(first_logits + (int)i));
+        if (i == draft.size() || !s.task || s.pending() != 1 || s.target.back() != draft[i]) break;
+        s.cache.push_back(draft[i]);
+        s.n_draft_accepted++;
+        accepted++;
+    }
+    ctx_.seq_truncate(s.id, (int)s.cache.size());
+    spec_->record(s.id, (int)draft.size(), accepted);
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_.n_draft_tokens += draft.size();
+    stats_.n_draft_accepted += accepted;
+    stats_.n_drafts++;
+}
+
 // An embedding task's prompt is evaluated: its pooled vector (normalized as asked), or with
 // Pooling::None every token's. Returns how many output entries it used.
 int Scheduler::on_embeddings(Slot& s, int first_output) {
@@ -503,6 +549,7 @@ bool Scheduler::step(llm::Batch& batch) {
     for (Slot& s : slots_) n_next += s.task && s.pending() == 1;
     if (!make_room(std::max<size_t>(n_next, 1))) return false;
     size_t budget = std::min((size_t)cfg_.budget, (size_t)pool_room());
+    plan_drafts(budget);
     auto add = [&](Slot& s, size_t n) {
         const size_t from = s.cache.size();
         const bool logits = n == s.pending();
@@ -511,9 +558,12 @@ bool Scheduler::step(llm::Batch& batch) {
         parts.push_back({&s, n, logits});
         budget -= n;
     };
-    // The next token of every generating slot first, then prompt chunks, oldest request first.
+    // The next token of every generating slot first (with its draft), then prompt chunks, oldest request first.
     for (Slot& s : slots_) {
-        if (s.task && s.pending() == 1 && budget > 0) add(s, 1);
+        if (!s.task || s.pending() != 1 || budget == 0) continue;
+        add(s, 1);
+        for (size_t i = 0; i < s.drafted.size(); i++) batch.add(s.drafted[i], (int32_t)(s.cache.size() + 1 + i), s.id, true);
+        budget -= s.drafted.size();
     }
     std::vector<Slot*> prefill;
     for (Slot& s : slots_) {
@@ -531,7 +581,9 @@ bool Scheduler::step(llm::Batch& batch) {
     } catch (const llm::Error& e) {
         log_msg('E', "decode failed: %s", e.what());
         for (Part& pt : parts) {
-            pt.s->cache.resize(ctx_.seq_len(pt.s->id));
+            pt.s->cache.resize(std::min(pt.s->cache.size(), (size_t)ctx_.seq_len(pt.s->id)));
+            ctx_.seq_truncate(pt.s->id, (int)pt.s->cache.size());  // a draft's rows may be there
+            pt.s->drafted.clear();
             fail_slot(*pt.s, 500, std::string("decode failed: ") + e.what());
         }
         return true;
@@ -550,8 +602,15 @@ bool Scheduler::step(llm::Batch& batch) {
             s.n_prompt_evaluated += (int)pt.n;
             if (s.task->p.return_progress) send_progress(s);
         }
-        if (pt.logits && s.task->p.embed) li += on_embeddings(s, li);
-        else if (pt.logits) on_logits(s, ctx_.logits(li++));
+        if (pt.logits && s.task->p.embed) {
+            li += on_embeddings(s, li);
+        } else if (pt.logits && !s.drafted.empty()) {
+            const int n_rows = 1 + (int)s.drafted.size();
+            verify(s, li);
+            li += n_rows;
+        } else if (pt.logits) {
+            on_logits(s, ctx_.logits(li++));
+        }
     }
     return true;
 }
@@ -616,6 +675,7 @@ void Scheduler::publish() {
         v.n_past = (int)s.cache.size();
         kv += v.n_past;
         v.busy = s.task != nullptr;
+        v.speculative = spec_ && (!v.busy || s.task->p.speculative.n_max > 0);
         if (v.busy) {
             v.task = s.task->id;
             v.n_decoded = s.n_decoded;

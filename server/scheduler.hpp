@@ -23,6 +23,11 @@
 // stop_type "limit", or with --context-shift drops the older half of the tokens after n_keep and
 // evaluates the kept tail again (the engine has no in-place RoPE shift, so the kept tokens are
 // re-evaluated at their new positions).
+//
+// Speculative decoding (a Speculator given): a generating slot's part of the batch is its next token
+// and the draft after it, every entry with logits; the slot then samples position by position as it
+// would without a draft and keeps each drafted token that equals its sample (its KV row is already
+// there); the rest of the draft is truncated away. Speculating and plain slots share the steps.
 #pragma once
 #include <atomic>
 #include <chrono>
@@ -36,6 +41,7 @@
 
 #include "../llm.hpp"
 #include "prompt_cache.hpp"
+#include "speculative.hpp"
 
 namespace srv {
 
@@ -56,6 +62,7 @@ struct TaskParams {
     std::string think_open, think_end;
     std::vector<int32_t> think_end_tokens;
     llm::SamplerParams sampling;
+    llm::DraftParams speculative;  // speculative.n_max / n_min / p_min (n_max 0: this request does not speculate)
 };
 
 // A sampled token's log-probability and the n_probs most likely tokens with their probabilities.
@@ -76,6 +83,7 @@ struct Result {
     // Final; embedding tasks: the pooled vector, or each token's with Pooling::None
     std::vector<std::vector<float>> embedding;
     int slot = -1, n_prompt = 0, n_prompt_evaluated = 0, n_cache_reused = 0, n_predicted = 0, n_cache = 0;
+    int n_draft = 0, n_draft_accepted = 0;  // Final: tokens drafted, and kept by the target
     std::string stop_type = "none", stopping_word;
     bool truncated = false;
     double prompt_ms = 0, predicted_ms = 0;
@@ -122,6 +130,8 @@ struct Slot {
     enum class Thinking { Before, Inside, Over } thinking = Thinking::Over;  // the reasoning budget's view
     int n_thinking = 0;                                                     // tokens generated inside
     std::deque<int32_t> forced;                                             // tokens to emit instead of sampling
+    std::vector<int32_t> drafted;           // this step's draft, after the pending token
+    int n_draft = 0, n_draft_accepted = 0;  // this request's
     size_t pending() const { return target.size() - cache.size(); }
 };
 
@@ -129,7 +139,7 @@ struct Slot {
 struct SlotView {
     int id = 0, n_past = 0, n_decoded = 0, n_remain = -1, n_prompt = 0;
     int64_t task = -1;
-    bool busy = false, has_new_line = false;
+    bool busy = false, has_new_line = false, speculative = false;
     TaskParams params;  // of the running task (when busy)
 };
 
@@ -138,6 +148,7 @@ struct Stats {
     uint64_t prompt_tokens = 0, predicted_tokens = 0, n_decode = 0, n_busy_slots = 0, requests_done = 0;
     double prompt_s = 0, predicted_s = 0;
     int64_t kv_tokens = 0, n_tokens_max = 0;  // n_tokens_max: the most tokens a slot held so far
+    uint64_t n_draft_tokens = 0, n_draft_accepted = 0, n_drafts = 0;  // speculative decoding
 };
 
 // /slots/{id}?action=...: what a slot's KV sequence is asked to do, on the scheduler thread.
@@ -174,7 +185,8 @@ struct SchedulerConfig {
 
 class Scheduler {
 public:
-    Scheduler(const llm::Model& model, llm::Context& ctx, const SchedulerConfig& cfg);
+    // spec: speculative decoding's drafters, or null.
+    Scheduler(const llm::Model& model, llm::Context& ctx, const SchedulerConfig& cfg, Speculator* spec = nullptr);
 
     // ---- any thread
     // Queues a task; a 503 ApiError when --max-queue requests already wait for a slot.
@@ -188,6 +200,7 @@ public:
     int n_ctx_slot() const { return n_ctx_slot_; }
     int budget() const { return cfg_.budget; }
     bool embeddings() const { return cfg_.embeddings; }
+    bool speculative() const { return spec_ != nullptr; }
     llm::Pooling pooling() const { return ctx_.pooling(); }
 
     // ---- the scheduler thread: steps until stop(), then fails what is left with 503
@@ -199,6 +212,8 @@ private:
     void start_task(Slot& s, std::unique_ptr<Task> t);
     bool step(llm::Batch& batch);
     void on_logits(Slot& s, const float* logits);
+    void plan_drafts(size_t budget);
+    void verify(Slot& s, int first_logits);
     int on_embeddings(Slot& s, int first_output);
     void budget_thinking(Slot& s);
     void emit_partial(Slot& s);
@@ -219,6 +234,7 @@ private:
     const llm::Model& model_;
     llm::Context& ctx_;
     const SchedulerConfig cfg_;
+    Speculator* const spec_;
     const int n_ctx_slot_, n_vocab_;
     std::atomic<int64_t> next_task_id_{0};
 

@@ -133,11 +133,12 @@ ChatTemplate choose_chat_template(const ServerOptions& so, const llm::Model& mod
     return chat;
 }
 
-// What the server loads once it listens: the model, its context (one KV sequence per slot), the chat
-// template and the scheduler.
+// What the server loads once it listens: the model, its context (one KV sequence per slot), the
+// drafters of speculative decoding, the chat template and the scheduler.
 struct Engine {
     std::unique_ptr<llm::Model> model;
     std::unique_ptr<llm::Context> ctx;
+    std::unique_ptr<Speculator> spec;
     std::unique_ptr<Scheduler> sched;
     ChatTemplate chat;
 };
@@ -170,9 +171,13 @@ void load(const Options& o, const SchedulerConfig& cfg, Engine& e) {
         e.ctx->seq_truncate(0, 0);
         log_msg('I', "warm-up done in %.0f ms", (now_seconds() - t0) * 1000);
     }
+    if (o.spec.enabled() && !cp.embeddings) {
+        e.spec = std::make_unique<Speculator>(o, *e.model, *e.ctx, cfg.n_slots);
+        log_msg('I', "speculative decoding: %s", e.spec->describe().c_str());
+    }
     SchedulerConfig sc = cfg;
     sc.embeddings = cp.embeddings;
-    e.sched = std::make_unique<Scheduler>(*e.model, *e.ctx, sc);
+    e.sched = std::make_unique<Scheduler>(*e.model, *e.ctx, sc, e.spec.get());
 }
 
 }  // namespace
