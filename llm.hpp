@@ -32,7 +32,8 @@
 //  13. Model                 hyperparameters from metadata (read_hparams, shared with the quantizer),
 //                            tensor binding per architecture, layer placement (offload driver),
 //                            load-time repacking of the CPU's matmul weights
-//  14. KV cache              paged cells in f32/f16/q8_0/q4_0/iq4_nl, per-sequence or unified
+//  14. KV cache              paged cells in f32/f16/q8_0/q4_0/iq4_nl, per-sequence or unified; chunks
+//                            moved to earlier positions, keys re-rotated (seq_move, in 15)
 //  15. Forward pass          GQA and MLA attention, dense and MoE FFN, one path for prefill and decode;
 //                            the device layers' hand-off to an offload backend; the bert encoder,
 //                            embeddings and pooling (mean/cls/last/rank head)
@@ -740,6 +741,12 @@ public:
     void seq_restore(int seq, const std::vector<uint8_t>& blob);
     // Copies the first n positions of src into dst (dst's cache is replaced).
     void seq_copy(int src, int dst, int n);
+    // Moves the rows of positions [src, src + n) of seq to [dst, dst + n) (dst <= src, src + n at most
+    // its length), the keys re-rotated by dst - src: a cached chunk reused at an earlier position
+    // (llama-server's --cache-reuse). Every cache type; a quantized row is dequantized, rotated and
+    // quantized again. Positions from dst + n on keep their rows (the caller moves more chunks or
+    // truncates). False, with nothing moved, when layers run on an offload device.
+    bool seq_move(int seq, int src, int dst, int n);
     size_t kv_bytes() const;              // whole cache
     size_t kv_bytes_per_token() const;    // all layers, K and V
     int n_threads() const;
@@ -12983,21 +12990,53 @@ struct Context::Impl {
     // Rotates n_rot dims starting at `offset` of each head; head h of token i starts at
     // data + (i * n_heads + h) * head_stride.
     void rope(float* data, int n, int n_heads, int64_t head_stride, int offset, const int32_t* pos, float base) {
-        const HParams& hp = model.hp;
-        const int n_rot = hp.n_rot;
         std::vector<float>& cs = rope_cs;
-        cs.resize(n_rot);
+        cs.resize(model.hp.n_rot);
         for (int i = 0; i < n; i++) {
             rope_angles(pos[i], base, cs.data());
-            for (int h = 0; h < n_heads; h++) {
-                float* r = data + ((int64_t)i * n_heads + h) * head_stride + offset;
-                for (int i0 = 0; i0 < n_rot; i0 += 2) {
-                    const int a = hp.rope_type == RopeType::Norm ? i0 : i0 / 2;
-                    const int b = hp.rope_type == RopeType::Norm ? i0 + 1 : i0 / 2 + n_rot / 2;
-                    const float x0 = r[a], x1 = r[b], c = cs[i0], s = cs[i0 + 1];
-                    r[a] = x0 * c - x1 * s;
-                    r[b] = x0 * s + x1 * c;
+            for (int h = 0; h < n_heads; h++) rotate_pairs(data + ((int64_t)i * n_heads + h) * head_stride + offset, cs.data());
+        }
+    }
+    // One head's n_rot dims rotated by the cos/sin pairs cs (the model's pairing: adjacent or halves).
+    void rotate_pairs(float* r, const float* cs) const {
+        const int n_rot = model.hp.n_rot;
+        const bool adjacent = model.hp.rope_type == RopeType::Norm;
+        for (int i0 = 0; i0 < n_rot; i0 += 2) {
+            const int a = adjacent ? i0 : i0 / 2;
+            const int b = adjacent ? i0 + 1 : i0 / 2 + n_rot / 2;
+            const float x0 = r[a], x1 = r[b], c = cs[i0], s = cs[i0 + 1];
+            r[a] = x0 * c - x1 * s;
+            r[b] = x0 * s + x1 * c;
+        }
+    }
+
+    // Context::seq_move on the CPU layers: RoPE angles are linear in the position, so a key roped at
+    // p becomes the key roped at p + delta by one more rotation with the angles of delta, taken at
+    // unit length (YaRN's magnitude factor is in the key once already). A quantized row is undone
+    // from its Hadamard rotation first and redone after.
+    void move_rows(int seq, int src, int dst, int n) {
+        const HParams& hp = model.hp;
+        const int heads = hp.mla ? 1 : hp.n_head_kv;  // a latent row holds one roped part, at its start
+        const int64_t head_stride = hp.mla ? kv.dim_k : hp.head_dim_k;
+        std::vector<float> row(kv.dim_k), cs(hp.n_rot);
+        for (int il = 0; il < (int)kv.k.size(); il++) {
+            rope_angles(dst - src, !hp.mla && hp.swa_layer[il] ? hp.rope_base_swa : hp.rope_base, cs.data());
+            for (int i0 = 0; i0 < hp.n_rot; i0 += 2) {
+                const float len = std::hypot(cs[i0], cs[i0 + 1]);
+                cs[i0] /= len;
+                cs[i0 + 1] /= len;
+            }
+            for (int i = 0; i < n; i++) {
+                if (hp.use_rope) {
+                    dequantize_row(kv.type_k, kv.k_row(il, seq, src + i), row.data(), kv.dim_k);
+                    if (kv.rot_k) hadamard(row.data(), kv.dim_k, kv.rot_k);
+                    for (int h = 0; h < heads; h++) rotate_pairs(row.data() + h * head_stride, cs.data());
+                    if (kv.rot_k) hadamard(row.data(), kv.dim_k, kv.rot_k);
+                    quantize_row(kv.type_k, row.data(), kv.k_row(il, seq, dst + i), kv.dim_k);
+                } else {
+                    memcpy(kv.k_row(il, seq, dst + i), kv.k_row(il, seq, src + i), kv.row_k);
                 }
+                if (kv.row_v) memcpy(kv.v_row(il, seq, dst + i), kv.v_row(il, seq, src + i), kv.row_v);
             }
         }
     }
@@ -13744,6 +13783,14 @@ void Context::seq_restore(int seq, const std::vector<uint8_t>& blob) {
 }
 void Context::seq_copy(int src, int dst, int n) {
     if (src != dst) seq_restore(dst, seq_save(src, n));
+}
+bool Context::seq_move(int seq, int src, int dst, int n) {
+    const KVCache& kv = impl_->kv;
+    if (seq < 0 || seq >= kv.n_seq || n < 0 || dst < 0 || dst > src || src + n > kv.seq_len[seq])
+        fail("seq_move: positions [%d, %d) of sequence %d cannot move to %d", src, src + n, seq, dst);
+    if (impl_->device) return false;
+    if (src != dst) impl_->move_rows(seq, src, dst, n);
+    return true;
 }
 size_t Context::kv_bytes() const { return impl_->kv.bytes(); }
 size_t Context::kv_bytes_per_token() const { return impl_->kv.bytes_per_token(); }

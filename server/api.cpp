@@ -2,6 +2,7 @@
 #include "api.hpp"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <ctime>
 #include <deque>
@@ -220,7 +221,7 @@ json params_json(const TaskParams& p) {
                 {"speculative.n_max", p.speculative.n_max},
                 {"speculative.n_min", p.speculative.n_min},
                 {"speculative.p_min", p.speculative.p_min},
-                {"timings_per_token", false},
+                {"timings_per_token", p.timings_per_token},
                 {"post_sampling_probs", p.post_sampling_probs},
                 {"cache_prompt", p.cache_prompt},
                 {"return_progress", p.return_progress},
@@ -319,6 +320,25 @@ static bool flag_param(const http::Request& req, const char* name) {
     return !f.empty() && f != "0" && f != "false";
 }
 
+// A request's "lora" ([{"id", "scale"}, ...]) as llama-server checks it: an array, and every id one of
+// the loaded adapters; this build loads none, so only an empty list passes.
+static void check_lora(const nlohmann::json& b) {
+    const nlohmann::json* lora = opt_field(b, "lora");
+    if (!lora) return;
+    if (!lora->is_array()) bad_field("lora", "an array of objects with 'id' and 'scale' fields");
+    if (!lora->empty()) throw ApiError(400, "invalid adapter id: no LoRA adapters are loaded");
+}
+
+// OpenAI's logprobs as llama-server maps them to n_probs: chat's "logprobs": true with
+// "top_logprobs" (default 20), completions' "logprobs": N.
+static int openai_logprobs(const nlohmann::json& b, ApiKind kind) {
+    if (kind == ApiKind::OaiCompletion) return (int)get_int(b, "logprobs", 0, 0, 100);
+    if (kind != ApiKind::OaiChat) return 0;
+    if (get_bool(b, "logprobs", false)) return (int)get_int(b, "top_logprobs", 20, 0, 20);
+    if (opt_field(b, "top_logprobs")) throw ApiError(400, "top_logprobs requires logprobs to be set to true");
+    return 0;
+}
+
 TaskParams Api::parse_params(const json& b, ApiKind kind) const {
     TaskParams p;
     p.sampling = o_.sampling;
@@ -329,7 +349,6 @@ TaskParams Api::parse_params(const json& b, ApiKind kind) const {
     if (!is_native(kind)) {
         p.n_predict = (int)get_int(b, "max_tokens", p.n_predict, -1, INT32_MAX);
         p.n_predict = (int)get_int(b, "max_completion_tokens", p.n_predict, -1, INT32_MAX);
-        if (get_int(b, "n", 1, 1, INT32_MAX) != 1) throw ApiError(400, "only n = 1 is supported");
     }
     p.n_predict = (int)get_int(b, "n_predict", p.n_predict, -1, INT32_MAX);
     p.sampling.temperature = (float)get_num(b, "temperature", p.sampling.temperature);
@@ -343,7 +362,7 @@ TaskParams Api::parse_params(const json& b, ApiKind kind) const {
     parse_sampling(b, p.sampling);
     int64_t seed = get_int(b, "seed", -1, -1, INT64_MAX);
     if (seed >= 0) p.sampling.seed = (uint64_t)seed;
-    p.n_probs = (int)get_int(b, "n_probs", 0, 0, 100);
+    p.n_probs = (int)get_int(b, "n_probs", openai_logprobs(b, kind), 0, 100);
     // As llama-server: the server's drafting settings, per request; n_min at most n_max.
     p.speculative = o_.spec.draft;
     p.speculative.n_max = (int)get_int(b, "speculative.n_max", p.speculative.n_max, 0, 256);
@@ -353,6 +372,11 @@ TaskParams Api::parse_params(const json& b, ApiKind kind) const {
     p.cache_prompt = get_bool(b, "cache_prompt", o_.srv.cache_prompt);
     p.return_tokens = get_bool(b, "return_tokens", false);
     p.return_progress = get_bool(b, "return_progress", false);
+    p.timings_per_token = get_bool(b, "timings_per_token", false);
+    check_lora(b);
+    p.n_indent = (int)get_int(b, "n_indent", 0, 0, INT32_MAX);
+    p.t_max_predict_ms = (int)get_int(b, "t_max_predict_ms", 0, 0, INT32_MAX);
+    p.n_cache_reuse = (int)get_int(b, "n_cache_reuse", o_.srv.cache_reuse, 0, INT32_MAX);
     p.ignore_eos = get_bool(b, "ignore_eos", o_.ignore_eos);
     p.sampling.ignore_eos = p.ignore_eos;  // as llama-server: end-of-generation tokens are never sampled
     p.id_slot = (int)get_int(b, "id_slot", -1, -1, n_slots_ - 1);
@@ -773,11 +797,13 @@ json Api::final_completion(const Completion& c, const TaskParams& p, const std::
     return j;
 }
 
-// Every prompt's task, submitted together (all or none: a full queue cancels those already in).
-std::vector<std::shared_ptr<Channel>> Api::submit_all(const std::vector<std::vector<int32_t>>& prompts, const TaskParams& p) {
+// Every prompt's n_cmpl tasks, submitted together (all or none: a full queue cancels those already in).
+std::vector<std::shared_ptr<Channel>> Api::submit_all(const Generation& g) {
     std::vector<std::shared_ptr<Channel>> chs;
     try {
-        for (const auto& prompt : prompts) chs.push_back(sched_->submit(prompt, p));
+        for (const auto& prompt : g.prompts) {
+            for (auto& ch : sched_->submit_n(prompt, g.p, g.n_cmpl)) chs.push_back(ch);
+        }
     } catch (...) {
         for (auto& ch : chs) sched_->cancel(ch);
         throw;
@@ -877,12 +903,17 @@ nlohmann::json Api::chat_message(const Generation& g, const std::string& text, s
     return m;
 }
 
+// An OpenAI choice's logprobs: {"content": [n_probs entries]} when asked for, else null.
+json Api::oai_logprobs(const std::vector<TokenProb>& probs, const TaskParams& p) const {
+    return p.n_probs > 0 ? json{{"content", probs_json(probs, p.post_sampling_probs)}} : json(nullptr);
+}
+
 json Api::whole_response(const Generation& g, const std::vector<Completion>& done) const {
     if (g.kind == ApiKind::Anthropic) return anthropic_message(g.id, model_id(), done[0].content, done[0].final);
     if (g.kind == ApiKind::Responses) return response_object(g.id, g.message_id, model_id(), done[0].content, done[0].final);
     if (is_native(g.kind)) {
         json j = json::array();
-        for (size_t i = 0; i < done.size(); i++) j.push_back(select_fields(final_completion(done[i], g.p, g.prompts[i], (int)i), g.response_fields));
+        for (size_t i = 0; i < done.size(); i++) j.push_back(select_fields(final_completion(done[i], g.p, g.prompts[i / g.n_cmpl], (int)i), g.response_fields));
         return done.size() == 1 ? j[0] : j;
     }
     const bool chat = g.kind == ApiKind::OaiChat;
@@ -891,15 +922,18 @@ json Api::whole_response(const Generation& g, const std::vector<Completion>& don
     int n_prompt = 0, n_predicted = 0, n_cached = 0;
     for (size_t i = 0; i < done.size(); i++) {
         const Result& r = done[i].final;
-        n_prompt += r.n_prompt;
         n_predicted += r.n_predicted;
-        n_cached += r.n_cache_reused;
+        if (i % g.n_cmpl == 0) {  // a prompt counts once, however many completions it has
+            n_prompt += r.n_prompt;
+            n_cached += r.n_cache_reused;
+        }
         if (chat) {
             std::string finish = finish_reason(r);
             const json message = chat_message(g, done[i].content, finish);
             j["choices"].push_back(json{{"finish_reason", finish}, {"index", i}, {"message", message}});
+            if (g.p.n_probs > 0) j["choices"].back()["logprobs"] = oai_logprobs(done[i].probs, g.p);
         } else {
-            j["choices"].push_back(json{{"text", done[i].content}, {"index", i}, {"logprobs", nullptr}, {"finish_reason", finish_reason(r)}});
+            j["choices"].push_back(json{{"text", done[i].content}, {"index", i}, {"logprobs", oai_logprobs(done[i].probs, g.p)}, {"finish_reason", finish_reason(r)}});
         }
     }
     j["usage"] = usage_json(n_prompt, n_predicted, n_cached);
@@ -912,18 +946,25 @@ json Api::whole_response(const Generation& g, const std::vector<Completion>& don
 std::string Api::stream_events(const Generation& g, const Result& r, int index, llm::ChatOutputParser* parser) const {
     const bool last = r.kind == Result::Final;
     if (is_native(g.kind)) {
-        if (last) return sse(select_fields(final_completion(Completion{r, r.text, r.tokens, r.probs}, g.p, g.prompts[index], index), g.response_fields));
+        if (last) return sse(select_fields(final_completion(Completion{r, r.text, r.tokens, r.probs}, g.p, g.prompts[index / g.n_cmpl], index), g.response_fields));
         json j{{"index", index}, {"content", r.text}, {"tokens", r.tokens}, {"stop", false}, {"id_slot", r.slot},
                {"tokens_predicted", r.n_predicted}, {"tokens_evaluated", r.n_prompt}};
         if (r.kind == Result::Progress) j["prompt_progress"] = progress_json(r);
         if (g.p.n_probs > 0 && r.kind == Result::Partial) j["completion_probabilities"] = probs_json(r.probs, g.p.post_sampling_probs);
+        if (g.p.timings_per_token && r.kind == Result::Partial) j["timings"] = timings_json(r);
         return sse(j);
     }
     const bool chat = g.kind == ApiKind::OaiChat;
     json j = oai_base(g, chat ? "chat.completion.chunk" : "text_completion");
+    if (g.p.timings_per_token && r.kind == Result::Partial) j["timings"] = timings_json(r);
+    const json logprobs = r.probs.empty() ? json(nullptr) : oai_logprobs(r.probs, g.p);
     auto choice = [&](const std::string& text, json finish) {
-        if (chat) return json{{"finish_reason", finish}, {"index", index}, {"delta", finish.is_null() ? json{{"content", text}} : json::object()}};
-        return json{{"text", text}, {"index", index}, {"logprobs", nullptr}, {"finish_reason", finish}};
+        if (chat) {
+            json c{{"finish_reason", finish}, {"index", index}, {"delta", finish.is_null() ? json{{"content", text}} : json::object()}};
+            if (!logprobs.is_null() && finish.is_null()) c["logprobs"] = logprobs;
+            return c;
+        }
+        return json{{"text", text}, {"index", index}, {"logprobs", finish.is_null() ? logprobs : json(nullptr)}, {"finish_reason", finish}};
     };
     if (r.kind == Result::Progress) {
         j["choices"] = json::array({choice("", nullptr)});
@@ -931,10 +972,14 @@ std::string Api::stream_events(const Generation& g, const Result& r, int index, 
         return sse(j);
     }
     std::string out;
-    // one chunk per kind of delta: reasoning_content, content, each tool call's piece
+    // one chunk per kind of delta: reasoning_content, content, each tool call's piece; the first
+    // carries the result's logprobs
+    bool logprobs_sent = logprobs.is_null();
     auto send_delta = [&](const llm::ChatDelta& d) {
         auto chunk = [&](json delta) {
             j["choices"] = json::array({json{{"finish_reason", nullptr}, {"index", index}, {"delta", std::move(delta)}}});
+            if (!logprobs_sent) j["choices"][0]["logprobs"] = logprobs;
+            logprobs_sent = true;
             out += sse(j);
         };
         if (!d.reasoning_content.empty()) chunk({{"reasoning_content", d.reasoning_content}});
@@ -983,9 +1028,9 @@ bool Api::stream_all(const Generation& g, const std::vector<std::shared_ptr<Chan
         if (g.kind == ApiKind::Responses) return last ? responses.final(r) : responses.partial(r);
         return stream_events(g, r, index, parsers[index].get());
     };
-    if (g.kind == ApiKind::OaiChat) {
+    for (size_t i = 0; g.kind == ApiKind::OaiChat && i < chs.size(); i++) {  // each choice opens with its role
         json j = oai_base(g, "chat.completion.chunk");
-        j["choices"] = json::array({json{{"finish_reason", nullptr}, {"index", 0}, {"delta", {{"role", "assistant"}, {"content", nullptr}}}}});
+        j["choices"] = json::array({json{{"finish_reason", nullptr}, {"index", i}, {"delta", {{"role", "assistant"}, {"content", nullptr}}}}});
         if (!w.write(sse(j))) { cancel_all(); return false; }
     }
     std::vector<bool> finished(chs.size(), false);
@@ -1034,6 +1079,10 @@ void Api::handle_generate(const http::Request& req, http::Response& res, ApiKind
         g.prompts = parse_prompts(*pr);
     }
     for (const auto& prompt : g.prompts) check_fits(prompt);
+    // n_cmpl (or OpenAI's n) completions of each prompt, at most one per slot, as llama-server.
+    if (kind != ApiKind::Anthropic && kind != ApiKind::Responses) g.n_cmpl = (int)get_int(b, "n_cmpl", get_int(b, "n", 1, 1, INT32_MAX), 1, INT32_MAX);
+    if (g.n_cmpl > n_slots_) throw ApiError(400, "n_cmpl cannot be greater than the number of slots, please increase -np");
+    if (g.prompts.size() * g.n_cmpl > kMaxPrompts) throw ApiError(400, "at most " + std::to_string(kMaxPrompts) + " completions per request");
     if (const json* so = opt_field(b, "stream_options")) {
         if (!so->is_object()) bad_field("stream_options", "an object");
         g.include_usage = get_bool(*so, "include_usage", false);
@@ -1048,7 +1097,7 @@ void Api::handle_generate(const http::Request& req, http::Response& res, ApiKind
     g.id = answer_id(kind);
     g.message_id = random_id("msg_");
     g.created = (int64_t)time(nullptr);
-    std::vector<std::shared_ptr<Channel>> chs = submit_all(g.prompts, g.p);
+    std::vector<std::shared_ptr<Channel>> chs = submit_all(g);
     if (g.p.stream) {
         res.stream([this, g, chs](http::Writer& w) { return stream_all(g, chs, w); });
         return;
@@ -1164,6 +1213,8 @@ void Api::handle_slots(const http::Request& req, http::Response& res) {
                        {"n_past", v.n_past},
                        {"tokens_cached", v.n_past},
                        {"n_prompt_tokens", v.n_prompt},
+                       {"n_prompt_tokens_processed", v.n_prompt_processed},
+                       {"n_prompt_tokens_cache", v.n_prompt_cache},
                        {"params", v.busy ? params_json(v.params) : json::object()},
                        {"next_token",
                         {{"has_next_token", v.busy}, {"has_new_line", v.has_new_line}, {"n_remain", v.n_remain},
@@ -1290,12 +1341,12 @@ void Api::handle_models(http::Response& res) {
 
 namespace {
 
-// Whether a request carries one of the keys (x-api-key, or Authorization: Bearer), compared in time
-// independent of where they differ.
+// Whether a request carries one of the keys, as llama-server reads it: Authorization (less a "Bearer "
+// prefix), else x-api-key; compared in time independent of where they differ.
 bool has_api_key(const http::Request& r, const std::vector<std::string>& keys) {
-    std::string given = r.header("x-api-key");
-    std::string auth = r.header("authorization");
-    if (given.empty() && auth.size() > 7 && http::detail::iequals(auth.substr(0, 7), "bearer ")) given = auth.substr(7);
+    std::string given = r.header("authorization");
+    if (given.size() >= 7 && http::detail::iequals(given.substr(0, 7), "bearer ")) given = given.substr(7);
+    if (given.empty()) given = r.header("x-api-key");
     bool ok = false;
     for (const std::string& key : keys) {
         unsigned diff = given.size() != key.size();
@@ -1358,6 +1409,16 @@ void Api::install(http::Server& srv) {
     for (int i = 0; i < o_.n_parallel; i++) {
         route("POST", "/slots/" + std::to_string(i), wrap([this, i](const http::Request& q, http::Response& r) { handle_slot_action(q, r, i); }));
     }
+    // /lora-adapters: no adapters are loaded (the --lora flags are accepted and noted); setting an
+    // empty list succeeds, any adapter id is llama-server's 400.
+    route("GET", "/lora-adapters", wrap([](const http::Request&, http::Response& r) { r.set_json("[]"); }));
+    route("POST", "/lora-adapters", wrap([](const http::Request& q, http::Response& r) {
+        std::string compact;  // no need to parse: only "[]" can succeed
+        for (char c : q.body) if (!isspace((unsigned char)c)) compact += c;
+        if (compact.empty() || compact[0] != '[') throw ApiError(400, "the request body must be an array of {\"id\": int, \"scale\": float}");
+        if (compact != "[]") throw ApiError(400, "invalid adapter id: no LoRA adapters are loaded");
+        r.set_json(dump(json{{"success", true}}));
+    }));
     route("GET", "/metrics", wrap([this](const http::Request&, http::Response& r) { handle_metrics(r); }));
     for (const char* p : {"/models", "/v1/models"}) route("GET", p, wrap([this](const http::Request&, http::Response& r) { handle_models(r); }));
     for (const char* p : {"/embedding", "/embeddings"})
@@ -1368,8 +1429,11 @@ void Api::install(http::Server& srv) {
 
     if (!o_.srv.api_keys.empty()) {
         const std::vector<std::string> keys = o_.srv.api_keys;
-        // The page is public (it asks for the key), as /health is.
-        srv.set_auth([keys, is_health, is_page](const http::Request& r) { return is_health(r.path) || is_page(r.path) || has_api_key(r, keys); });
+        // Public as in llama-server: /health, the page (it asks for the key) and the model list.
+        auto is_models = [prefix](const std::string& path) { return path == prefix + "/models" || path == prefix + "/v1/models"; };
+        srv.set_auth([keys, is_health, is_page, is_models](const http::Request& r) {
+            return is_health(r.path) || is_page(r.path) || is_models(r.path) || has_api_key(r, keys);
+        });
     }
     // While the model loads, everything but /health (and the page, which waits for /props) answers 503.
     srv.set_pre_route([this, is_health, is_page](const http::Request& r, http::Response& res) {

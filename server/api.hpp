@@ -64,6 +64,7 @@ private:
         bool parse_output = false;   // chat: the output is split into content, reasoning and tool calls
         llm::ChatParseOptions parse;
         bool parallel_tool_calls = true;
+        int n_cmpl = 1;              // completions per prompt (n_cmpl, OpenAI's n): choice i is of prompt i / n_cmpl
     };
     // One task's results, drained.
     struct Completion {
@@ -109,7 +110,7 @@ private:
     void check_body_bytes(size_t bytes) const;
     std::vector<int32_t> tokenize_mixed(const json& value, const char* field) const;
     std::vector<int32_t> infill_prompt(const json& b) const;
-    std::vector<std::shared_ptr<Channel>> submit_all(const std::vector<std::vector<int32_t>>& prompts, const TaskParams& p);
+    std::vector<std::shared_ptr<Channel>> submit_all(const Generation& g);
     Completion collect(const std::shared_ptr<Channel>& ch, const http::Request& req);
 
     // ---- responses
@@ -117,6 +118,7 @@ private:
     json probs_json(const std::vector<TokenProb>& probs, bool post_sampling) const;
     json final_completion(const Completion& c, const TaskParams& p, const std::vector<int32_t>& prompt, int index) const;
     json oai_base(const Generation& g, const char* object) const;
+    json oai_logprobs(const std::vector<TokenProb>& probs, const TaskParams& p) const;
     json whole_response(const Generation& g, const std::vector<Completion>& done) const;
     // parser: the choice's output parser when the chat output is parsed (else null)
     std::string stream_events(const Generation& g, const Result& r, int index, llm::ChatOutputParser* parser) const;

@@ -17,6 +17,7 @@ struct ServerOptions {
     std::string host = "127.0.0.1", chat_template, chat_template_file, chat_template_kwargs, slot_save_path, api_prefix;
     std::vector<std::string> api_keys, aliases, tags;
     int port = 8080, n_ubatch = 512, max_queue = 64, timeout_s = 600, shutdown_grace_s = 10, n_keep = 0;
+    int cache_reuse = 0;  // --cache-reuse: least chunk moved by KV shifting (0: off)
     int cache_ram_mib = 8192, max_connections = 64, max_connections_per_client = 0;  // 0: half of max_connections
     bool context_shift = false, kv_unified = false, warmup = true, cache_prompt = true;
     bool metrics = false, props_post = false, slots = true, webui = true;
@@ -29,6 +30,7 @@ struct ServerOptions {
     std::string reasoning_format = "auto"; // none: thinking stays in content; deepseek / auto: reasoning_content
     int reasoning_budget = -1;             // thinking tokens before the end tag is forced (-1: unlimited)
     std::string reasoning = "auto";        // --reasoning on|off: the default enable_thinking
+    std::string ssl_key_file, ssl_cert_file;  // TLS asked for: refused at startup (no TLS in this build)
     bool spm_infill = false;  // /infill puts the suffix first (suffix/prefix/middle), for models trained so
 };
 

@@ -30,6 +30,10 @@ int main(int argc, char** argv) {
     try {
         set_log_options(o.log_verbosity, o.log_file);
         for (const auto& [level, text] : o.notes) log_msg(level, "%s", text.c_str());
+        // As llama-server built without OpenSSL, but for either file: serving plain HTTP to clients
+        // that were promised TLS would be a silent downgrade.
+        if ((wants_router(o) || wants_server(o)) && (!o.srv.ssl_key_file.empty() || !o.srv.ssl_cert_file.empty()))
+            usage_error("the server is built without SSL support (--ssl-key-file, --ssl-cert-file): put a TLS proxy in front");
         if (wants_router(o)) return run_router(o, argc, argv);
         if (o.tokenize) return run_tokenize(o);
         if (o.plan) return run_plan(o);

@@ -37,13 +37,17 @@ Scheduler::Scheduler(const llm::Model& model, llm::Context& ctx, const Scheduler
 
 // ---- any thread ------------------------------------------------------------------------------------
 
-std::shared_ptr<Channel> Scheduler::submit(std::vector<int32_t> prompt, const TaskParams& p) {
+std::unique_ptr<Task> Scheduler::make_task(std::vector<int32_t> prompt, const TaskParams& p) {
     auto t = std::make_unique<Task>();
     t->id = next_task_id_++;
     t->prompt = std::move(prompt);
     t->p = p;
     t->ch = std::make_shared<Channel>();
-    auto ch = t->ch;
+    return t;
+}
+
+// Queues tasks together, or none of them.
+void Scheduler::enqueue(std::vector<std::unique_ptr<Task>> tasks) {
     {
         std::lock_guard<std::mutex> lock(mu_);
         // Requests that will wait for a slot: the queue beyond the idle slots.
@@ -52,10 +56,29 @@ std::shared_ptr<Channel> Scheduler::submit(std::vector<int32_t> prompt, const Ta
             throw ApiError(503, "server is busy: " + std::to_string(queue_.size()) + " requests are waiting for a slot (--max-queue " +
                                     std::to_string(cfg_.max_queue) + ")", "unavailable_error");
         }
-        queue_.push_back(std::move(t));
+        for (auto& t : tasks) queue_.push_back(std::move(t));
     }
     cv_.notify_one();
+}
+
+std::shared_ptr<Channel> Scheduler::submit(std::vector<int32_t> prompt, const TaskParams& p) {
+    std::vector<std::unique_ptr<Task>> tasks;
+    tasks.push_back(make_task(std::move(prompt), p));
+    auto ch = tasks[0]->ch;
+    enqueue(std::move(tasks));
     return ch;
+}
+
+std::vector<std::shared_ptr<Channel>> Scheduler::submit_n(const std::vector<int32_t>& prompt, const TaskParams& p, int n_cmpl) {
+    std::vector<std::unique_ptr<Task>> tasks;
+    std::vector<std::shared_ptr<Channel>> chs;
+    for (int i = 0; i < n_cmpl; i++) {
+        tasks.push_back(make_task(prompt, p));
+        if (i > 0) tasks[i]->parent = tasks[0]->id;
+        chs.push_back(tasks[i]->ch);
+    }
+    enqueue(std::move(tasks));
+    return chs;
 }
 
 void Scheduler::cancel(const std::shared_ptr<Channel>& ch) {
@@ -143,6 +166,8 @@ void Scheduler::start_task(Slot& s, std::unique_ptr<Task> t) {
             }
         }
     }
+    if (reuse_cache && t->parent >= 0) reuse = copy_parent_prefix(s, *t, reuse);
+    if (reuse_cache && t->p.n_cache_reuse > 0) reuse = reuse_chunks(s, *t, reuse);
     if (reuse >= prompt.size()) reuse = prompt.size() - 1;  // the last prompt token gives the logits
     ctx_.seq_truncate(s.id, (int)reuse);
     s.cache.resize(reuse);
@@ -172,9 +197,58 @@ void Scheduler::start_task(Slot& s, std::unique_ptr<Task> t) {
     s.drafted.clear();
     s.n_draft = s.n_draft_accepted = 0;
     if (spec_) spec_->reset(s.id);
+    s.line_start = 0;
+    s.line_checked = false;
     log_msg('I', "slot %d: task %lld: prompt %zu tokens, %zu cached, n_predict %d", s.id, (long long)t->id, prompt.size(), reuse,
             t->p.n_predict);
     s.task = std::move(t);
+}
+
+// n_cmpl: a child task starts from a copy of the cache of the slot that shares most of its prompt
+// (its parent's, evaluated by now) instead of evaluating the prompt again.
+size_t Scheduler::copy_parent_prefix(Slot& s, const Task& t, size_t reuse) {
+    Slot* donor = nullptr;
+    size_t best = reuse;
+    for (Slot& o : slots_) {
+        const size_t n = &o == &s ? 0 : common_prefix(o.cache, t.prompt);
+        if (n > best) { best = n; donor = &o; }
+    }
+    // In a unified pool, only when the cells are free anyway (a copy must not push out running requests).
+    if (!donor || (cfg_.kv_unified && (int)best > pool_room() + (int)s.cache.size())) return reuse;
+    try {
+        ctx_.seq_copy(donor->id, s.id, (int)best);
+    } catch (const llm::Error& e) {  // the sequence is empty now
+        log_msg('W', "slot %d: copying slot %d's prompt failed: %s", s.id, donor->id, e.what());
+        s.cache.clear();
+        return 0;
+    }
+    s.cache.assign(donor->cache.begin(), donor->cache.begin() + best);
+    return best;
+}
+
+// --cache-reuse N / n_cache_reuse, as llama-server: past the common prefix, each run of at least N
+// cached tokens that comes next in the prompt moves to its new position (the keys re-rotated) instead
+// of being evaluated again; shorter runs are skipped in the cache. Returns the reusable tokens.
+size_t Scheduler::reuse_chunks(Slot& s, const Task& t, size_t reuse) {
+    const std::vector<int32_t>& prompt = t.prompt;
+    size_t head_c = reuse, head_p = reuse;
+    while (head_c < s.cache.size() && head_p < prompt.size()) {
+        size_t n = 0;
+        while (head_c + n < s.cache.size() && head_p + n < prompt.size() && s.cache[head_c + n] == prompt[head_p + n]) n++;
+        if (n < (size_t)t.p.n_cache_reuse) {
+            head_c++;
+            continue;
+        }
+        if (!ctx_.seq_move(s.id, (int)head_c, (int)head_p, (int)n)) {
+            log_msg('W', "slot %d: --cache-reuse: the KV cache cannot be shifted on the offload device: evaluating the prompt instead", s.id);
+            break;
+        }
+        std::copy(s.cache.begin() + head_c, s.cache.begin() + head_c + n, s.cache.begin() + head_p);
+        log_msg('D', "slot %d: --cache-reuse: %zu cached tokens moved from position %zu to %zu", s.id, n, head_c, head_p);
+        head_c += n;
+        head_p += n;
+    }
+    return head_p;
 }
 
 void Scheduler::release(Slot& s) {
@@ -212,6 +286,9 @@ void Scheduler::emit_partial(Slot& s) {
     r.n_prompt = s.n_prompt;
     r.n_cache_reused = s.n_cache_reused;
     r.n_predicted = s.n_decoded;
+    r.n_prompt_evaluated = s.n_prompt_evaluated;  // timings_per_token
+    r.prompt_ms = (s.t_first - s.t_start) * 1000;
+    r.predicted_ms = (now_seconds() - s.t_first) * 1000;
     r.tokens.swap(s.unsent_tokens);
     r.probs = std::move(s.unsent_probs);
     s.unsent_probs.clear();
@@ -389,20 +466,54 @@ void Scheduler::finish(Slot& s, const std::string& stop_type) {
     release(s);
 }
 
-// --context-shift: the slot is full. Keep the first n_keep tokens, drop half of the rest, and evaluate
-// the kept tail again at its new positions (re-evaluation stands in for a RoPE shift of the cache).
+// --context-shift: the slot is full. Keep the first n_keep tokens, drop half of the rest, and move the
+// tail to its new positions with its keys re-rotated, as llama-server shifts its cache (where the
+// cache cannot move, on an offload device, the tail is evaluated again instead).
 void Scheduler::context_shift(Slot& s) {
     const int n_cached = (int)s.cache.size();
     int n_keep = s.task->p.n_keep < 0 ? s.n_prompt : s.task->p.n_keep;
     n_keep = std::max(0, std::min(n_keep, n_cached - 2));
-    const int n_discard = (n_cached - n_keep) / 2;
+    const int n_discard = (n_cached - n_keep) / 2, n_tail = n_cached - n_keep - n_discard;
     std::vector<int32_t> t(s.target.begin(), s.target.begin() + n_keep);
     t.insert(t.end(), s.target.begin() + n_keep + n_discard, s.target.end());
     s.target = std::move(t);
-    ctx_.seq_truncate(s.id, n_keep);
-    s.cache.resize(n_keep);
+    const bool moved = ctx_.seq_move(s.id, n_keep + n_discard, n_keep, n_tail);
+    const int n_left = moved ? n_keep + n_tail : n_keep;
+    ctx_.seq_truncate(s.id, n_left);
+    s.cache.assign(s.target.begin(), s.target.begin() + n_left);
     s.n_shifts++;
-    log_msg('I', "slot %d: context shift: keep %d, discard %d, evaluate %zu tokens again", s.id, n_keep, n_discard, s.pending());
+    log_msg('I', "slot %d: context shift: keep %d, discard %d, %s %d tokens", s.id, n_keep, n_discard, moved ? "shift" : "evaluate again", n_tail);
+}
+
+// n_indent and t_max_predict_ms, as llama-server (for code completion): each line after the first must
+// start with n_indent blanks (a line with fewer ends the generation, cut before its first non-blank
+// byte), and a new line after t_max_predict_ms of generation ends it. True when the slot finished.
+bool Scheduler::limit_lines(Slot& s, size_t piece_at) {
+    const TaskParams& p = s.task->p;
+    while (p.n_indent > 0) {
+        if (s.line_start > 0 && !s.line_checked) {
+            size_t pos = s.line_start;
+            while (pos < s.text.size() && (s.text[pos] == ' ' || s.text[pos] == '\t')) pos++;
+            if (pos == s.text.size()) break;  // only blanks so far
+            s.line_checked = true;
+            if ((int)(pos - s.line_start) < p.n_indent) {
+                s.text.resize(pos);
+                s.n_sent = std::min(s.n_sent, pos);
+                finish(s, "limit");
+                return true;
+            }
+        }
+        const size_t nl = s.text.find('\n', s.line_start);
+        if (nl == std::string::npos) break;
+        s.line_start = nl + 1;
+        s.line_checked = false;
+    }
+    if (p.t_max_predict_ms > 0 && s.text.find('\n', piece_at) != std::string::npos &&
+        (now_seconds() - s.t_first) * 1000 > p.t_max_predict_ms) {
+        finish(s, "limit");
+        return true;
+    }
+    return false;
 }
 
 // --reasoning-budget, before each token: a thinking block opens when the output starts with its tag,
@@ -470,6 +581,7 @@ void Scheduler::on_logits(Slot& s, const float* logits) {
         s.n_sent = std::min(s.n_sent, stop_at);
         return finish(s, "word");
     }
+    if (limit_lines(s, before)) return;
     if (p.n_predict > 0 && s.n_decoded >= p.n_predict) return finish(s, "limit");
     s.target.push_back(tok);
     if ((int)s.cache.size() >= n_ctx_slot_) {  // no cell left for the token just sampled
@@ -665,6 +777,16 @@ bool Scheduler::make_room(size_t need) {
     return true;
 }
 
+// An n_cmpl child waits while its parent's prompt is still to be evaluated (queued, starting now, or
+// reading it in a slot); a parent that is gone (cancelled, failed) holds nothing back.
+bool Scheduler::waits_for_parent(const Task& t, const std::vector<std::pair<Slot*, std::unique_ptr<Task>>>& starting) const {
+    if (t.parent < 0) return false;
+    for (const auto& q : queue_) if (q->id == t.parent) return true;
+    for (const auto& st : starting) if (st.second->id == t.parent) return true;
+    for (const Slot& s : slots_) if (s.task && s.task->id == t.parent && !s.generating) return true;
+    return false;
+}
+
 void Scheduler::publish() {
     std::vector<SlotView> views(slots_.size());
     int64_t kv = 0;
@@ -680,6 +802,8 @@ void Scheduler::publish() {
             v.task = s.task->id;
             v.n_decoded = s.n_decoded;
             v.n_prompt = s.n_prompt;
+            v.n_prompt_processed = s.n_prompt_evaluated;
+            v.n_prompt_cache = s.n_cache_reused;
             v.n_remain = s.task->p.n_predict < 0 ? -1 : s.task->p.n_predict - s.n_decoded;
             v.has_new_line = s.text.find('\n') != std::string::npos;
             v.params = s.task->p;
@@ -703,6 +827,7 @@ void Scheduler::run() {
             std::vector<bool> taken(slots_.size(), false);
             for (auto it = queue_.begin(); it != queue_.end();) {
                 if ((*it)->ch->cancelled) { it = queue_.erase(it); continue; }
+                if (waits_for_parent(**it, starts)) { ++it; continue; }
                 Slot* s = pick_slot(**it, taken);
                 if (!s) { ++it; continue; }
                 taken[s->id] = true;

@@ -14,6 +14,15 @@
 // host-RAM blobs, and restored (seq_restore) when a later prompt shares a longer prefix with a blob
 // than with its slot.
 //
+// --cache-reuse N (or a request's n_cache_reuse): past the common prefix, runs of at least N cached
+// tokens that come next in the prompt are moved to their new positions with their keys re-rotated
+// (Context::seq_move) instead of being evaluated again, as llama-server does for code completion. As
+// there, the moved tokens keep the keys and values their old context gave them: an approximation the
+// client opts into. With layers on an offload device nothing moves and the prompt is evaluated.
+//
+// n_cmpl / n > 1: one task per completion; the first evaluates the prompt, the others wait for that
+// and start from a copy of its slot's cache.
+//
 // --kv-unified: all slots share one pool of -c cells (the engine pages it), so one request may use
 // all of it. Each step is planned against the free cells: idle slots give their cells back first (their
 // tokens go to the RAM cache), and if the running requests alone outgrow the pool, the youngest one is
@@ -21,8 +30,7 @@
 //
 // A full slot never degrades silently: generation that reaches the end of the slot stops with
 // stop_type "limit", or with --context-shift drops the older half of the tokens after n_keep and
-// evaluates the kept tail again (the engine has no in-place RoPE shift, so the kept tokens are
-// re-evaluated at their new positions).
+// shifts the kept tail to its new positions (Context::seq_move re-rotates its keys).
 //
 // Speculative decoding (a Speculator given): a generating slot's part of the batch is its next token
 // and the draft after it, every entry with logits; the slot then samples position by position as it
@@ -51,6 +59,10 @@ struct TaskParams {
     bool stream = false, cache_prompt = true, return_tokens = false, ignore_eos = false;
     bool return_progress = false;      // Progress results while the prompt is evaluated
     bool post_sampling_probs = false;  // n_probs as probabilities after the sampler (shaping only)
+    bool timings_per_token = false;    // partial results carry the timings (shaping only)
+    int n_indent = 0;                  // a line after the first with fewer leading blanks ends generation
+    int t_max_predict_ms = 0;          // a new line after this much generation time ends it (0: off)
+    int n_cache_reuse = 0;             // --cache-reuse: least chunk of the cache moved to its new position (0: off)
     bool embed = false;      // an embedding (or rerank) task: the whole prompt in one step, no generation
     int embd_normalize = 2;  // of its pooled vector (embd_normalize's norms)
     std::vector<std::string> stop;
@@ -104,6 +116,7 @@ struct Channel {
 
 struct Task {
     int64_t id = 0;
+    int64_t parent = -1;  // n_cmpl > 1: starts once this task's prompt is evaluated, and copies its cache
     std::vector<int32_t> prompt;
     TaskParams p;
     std::shared_ptr<Channel> ch;
@@ -132,12 +145,15 @@ struct Slot {
     std::deque<int32_t> forced;                                             // tokens to emit instead of sampling
     std::vector<int32_t> drafted;           // this step's draft, after the pending token
     int n_draft = 0, n_draft_accepted = 0;  // this request's
+    size_t line_start = 0;        // n_indent: where the last line began (0: no new line yet)
+    bool line_checked = false;    // that line's indentation is checked
     size_t pending() const { return target.size() - cache.size(); }
 };
 
 // What /slots shows of a slot, copied by the scheduler after each step.
 struct SlotView {
     int id = 0, n_past = 0, n_decoded = 0, n_remain = -1, n_prompt = 0;
+    int n_prompt_processed = 0, n_prompt_cache = 0;  // of the prompt: evaluated, reused from the cache
     int64_t task = -1;
     bool busy = false, has_new_line = false, speculative = false;
     TaskParams params;  // of the running task (when busy)
@@ -191,6 +207,9 @@ public:
     // ---- any thread
     // Queues a task; a 503 ApiError when --max-queue requests already wait for a slot.
     std::shared_ptr<Channel> submit(std::vector<int32_t> prompt, const TaskParams& p);
+    // n_cmpl completions of one prompt (n_cmpl at most the slots): the first task evaluates the
+    // prompt, the others start from a copy of its cache. Their channels, in that order.
+    std::vector<std::shared_ptr<Channel>> submit_n(const std::vector<int32_t>& prompt, const TaskParams& p, int n_cmpl);
     void cancel(const std::shared_ptr<Channel>& ch);
     // Runs a slot action between steps (the slot must be idle) and waits for it.
     SlotActionResult slot_action(const SlotAction& a);
@@ -208,6 +227,8 @@ public:
     void stop();
 
 private:
+    std::unique_ptr<Task> make_task(std::vector<int32_t> prompt, const TaskParams& p);
+    void enqueue(std::vector<std::unique_ptr<Task>> tasks);
     Slot* pick_slot(const Task& t, const std::vector<bool>& taken);
     void start_task(Slot& s, std::unique_ptr<Task> t);
     bool step(llm::Batch& batch);
@@ -216,6 +237,10 @@ private:
     void verify(Slot& s, int first_logits);
     int on_embeddings(Slot& s, int first_output);
     void budget_thinking(Slot& s);
+    bool limit_lines(Slot& s, size_t piece_at);
+    size_t reuse_chunks(Slot& s, const Task& t, size_t reuse);
+    size_t copy_parent_prefix(Slot& s, const Task& t, size_t reuse);
+    bool waits_for_parent(const Task& t, const std::vector<std::pair<Slot*, std::unique_ptr<Task>>>& starting) const;
     void emit_partial(Slot& s);
     void finish(Slot& s, const std::string& stop_type);
     void fail_slot(Slot& s, int status, const std::string& msg);

@@ -36,6 +36,7 @@ void on_stop_signal(int) {
 void check_server_options(const ServerOptions& so) {
     if (so.port < 0 || so.port > 65535) usage_error("--port must be in 0..65535");
     if (so.n_ubatch <= 0) usage_error("--ubatch-size must be positive");
+    if (so.cache_reuse < 0) usage_error("--cache-reuse must not be negative");
     if (so.max_queue < 0 || so.shutdown_grace_s < 0 || so.timeout_s <= 0 || so.max_connections <= 0 ||
         so.max_connections_per_client < 0) {
         usage_error("--max-queue, --shutdown-grace and --max-connections-per-client must not be negative, --timeout and --max-connections must be positive");

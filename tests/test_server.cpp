@@ -626,7 +626,7 @@ TEST_CASE("server: llama-server's flags, spellings and LLAMA_ARG_* variables") {
     // Each inapplicable flag leaves one line saying what it means here.
     std::string log = s.log();
     for (const char* note : {"-ngl: this is a CPU build", "-fa: attention always runs fused", "--offline: always offline",
-                             "--threads-http: one thread per connection", "--no-mmproj: no multimodal input", "--cache-reuse: "}) {
+                             "--threads-http: one thread per connection", "--no-mmproj: no multimodal input"}) {
         CHECK_MESSAGE(log.find(note) != std::string::npos, note);
     }
     // Command-line modes read the variables too.
