@@ -136,6 +136,16 @@ int generate(llm::Context& ctx, llm::Sampler& sampler, Speculator* spec, const l
     return n_gen;
 }
 
+// The median of repeated measurements and their standard deviation.
+std::pair<double, double> median_stddev(const std::vector<double>& xs) {
+    std::vector<double> sorted = xs;
+    std::sort(sorted.begin(), sorted.end());
+    double mean = 0, var = 0;
+    for (double x : xs) mean += x / xs.size();
+    for (double x : xs) var += (x - mean) * (x - mean) / std::max<size_t>(1, xs.size() - 1);
+    return {sorted[sorted.size() / 2], std::sqrt(var)};
+}
+
 void print_draft_stats(const DraftStats& st, int n_gen) {
     fprintf(stderr, "%18s = %5d tokens in %d drafts, %d accepted (%.1f%%); %d tokens generated\n", "draft", st.drafted, st.steps,
             st.accepted, st.drafted ? 100.0 * st.accepted / st.drafted : 0.0, n_gen);
@@ -198,15 +208,20 @@ int run_complete(const Options& o, const llm::Model& m) {
 }
 
 // llama-bench style: pp = one prompt of n_prompt tokens from an empty cache; tg = n_gen single-token
-// steps. Each test repeats; the median is reported with the standard deviation.
+// steps. Each test repeats; the median is reported with the standard deviation. With -md / --spec-type,
+// "tgN spec": N tokens generated greedily with speculation after the prompt (-f FILE's text, else the
+// random tokens), timed after the prompt is read.
 int run_bench(const Options& o, const llm::Model& m) {
     const int n_prompt = o.has_prompt ? atoi(o.prompt.c_str()) : 512;
     const int n_gen = o.n_predict < 0 ? 128 : o.n_predict;
     if (n_prompt < 0 || n_gen < 0 || o.bench_reps <= 0) usage_error("--bench needs -p N >= 0, -n N >= 0, -r N > 0");
-    llm::Context ctx(m, context_params(o, std::max(o.n_ctx, n_prompt + n_gen + 1)));
     std::mt19937 rng(42);
     std::vector<int32_t> tokens(std::max(n_prompt, 1));
     for (auto& t : tokens) t = (int32_t)(rng() % m.hp.n_vocab);
+    const std::vector<int32_t> spec_prompt = o.prompt_file.empty() ? tokens : m.vocab.tokenize(read_file(o.prompt_file), true, true);
+    if (spec_prompt.empty()) usage_error("the prompt file is empty");
+    llm::Context ctx(m, context_params(o, std::max(o.n_ctx, std::max((int)spec_prompt.size(), n_prompt) + n_gen + 1)));
+    std::unique_ptr<Speculator> spec = make_speculator(o, m, ctx);
 
     // Warm-up pass (page in the weights), not measured.
     prefill(ctx, std::vector<int32_t>(tokens.begin(), tokens.begin() + std::min<size_t>(tokens.size(), 16)), 0, o.n_batch, nullptr);
@@ -227,12 +242,7 @@ int run_bench(const Options& o, const llm::Model& m) {
             }
             tps.push_back((pp ? n_prompt : n_gen) / (now_seconds() - t0));
         }
-        std::vector<double> sorted = tps;
-        std::sort(sorted.begin(), sorted.end());
-        double median = sorted[sorted.size() / 2], mean = 0, var = 0;
-        for (double x : tps) mean += x / tps.size();
-        for (double x : tps) var += (x - mean) * (x - mean) / std::max<size_t>(1, tps.size() - 1);
-        return std::make_pair(median, std::sqrt(var));
+        return median_stddev(tps);
     };
     char model_desc[128];
     snprintf(model_desc, sizeof model_desc, "%s %.0fM", m.arch_str.c_str(), m.n_params() / 1e6);
@@ -245,6 +255,26 @@ int run_bench(const Options& o, const llm::Model& m) {
     };
     if (n_prompt > 0) row("pp" + std::to_string(n_prompt), measure(true));
     if (n_gen > 0) row("tg" + std::to_string(n_gen), measure(false));
+    if (n_gen > 0 && spec) {
+        DraftStats st;
+        int generated = 0;
+        std::vector<double> tps;
+        llm::SamplerParams greedy;
+        greedy.temperature = 0;
+        for (int r = 0; r < o.bench_reps; r++) {
+            ctx.seq_truncate(0, 0);
+            prefill(ctx, spec_prompt, 0, o.n_batch, nullptr);
+            spec->reset(0);
+            spec->prefill(0, spec_prompt, o.n_batch);
+            llm::Sampler sampler(greedy, &m.vocab);
+            st = DraftStats();
+            const double t0 = now_seconds();
+            generated = generate(ctx, sampler, spec.get(), o.spec.draft, spec_prompt, n_gen, o.n_batch, true, [](int32_t) { return true; }, st);
+            tps.push_back(generated / (now_seconds() - t0));
+        }
+        row("tg" + std::to_string(n_gen) + " spec", median_stddev(tps));
+        print_draft_stats(st, generated);
+    }
     return 0;
 }
 

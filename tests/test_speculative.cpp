@@ -1,0 +1,354 @@
+// Speculative decoding: the drafters (n-gram lookup, a draft model on the target's threads), the
+// sampler's snapshots, and the server and -p mode end to end: greedy output identical token for token,
+// sampled output following the target's distribution, penalties unaffected by rejected drafts.
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <map>
+#include <thread>
+
+#include "../llm.hpp"
+#include "server_util.hpp"
+
+namespace {
+
+using json = nlohmann::json;
+using namespace testserver;
+
+std::string golden(const std::string& name) { return testutil::shared_dir() + "/golden/models/" + name; }
+
+// The greedy continuation of `prompt` by the model alone, one token per decode.
+std::vector<int32_t> greedy(llm::Context& ctx, std::vector<int32_t> tokens, int n) {
+    ctx.seq_truncate(0, 0);
+    llm::Batch b;
+    for (size_t i = 0; i < tokens.size(); i++) b.add(tokens[i], (int)i, 0, i + 1 == tokens.size());
+    std::vector<int32_t> out;
+    const int n_vocab = ctx.model().hp.n_vocab;
+    for (int i = 0; i < n; i++) {
+        ctx.decode(b);
+        const float* l = ctx.logits(0);
+        out.push_back((int32_t)(std::max_element(l, l + n_vocab) - l));
+        b.clear();
+        b.add(out.back(), (int)(tokens.size() + out.size() - 1), 0, true);
+    }
+    return out;
+}
+
+const std::vector<int32_t> kIds = {1, 17, 300, 42, 9, 17, 300, 42, 5, 77, 81, 17, 300};
+
+}  // namespace
+
+TEST_CASE("speculative: n-gram lookup drafts what followed the latest earlier occurrence of the longest suffix") {
+    // ... 7 8 9 1 2 3 | 4 5 6 ... 7 8 9: the suffix 7 8 9 occurred at 6..8, followed by 1 2 3.
+    const std::vector<int32_t> t = {7, 8, 9, 4, 5, 6, 7, 8, 9, 1, 2, 3, 0, 7, 8, 9};
+    CHECK(llm::ngram_draft(t, 3, 16) == std::vector<int32_t>{1, 2, 3, 0, 7, 8, 9});
+    CHECK(llm::ngram_draft(t, 3, 2) == std::vector<int32_t>{1, 2});
+    // No earlier occurrence of the last 2 tokens: no draft. A shorter suffix matches when the longest does not.
+    CHECK(llm::ngram_draft({1, 2, 3, 5, 9}, 3, 8).empty());
+    CHECK(llm::ngram_draft({4, 6, 1, 6, 1}, 3, 8) == std::vector<int32_t>{6, 1});  // suffix "6 1" at 1..2
+    CHECK(llm::ngram_draft({4, 6, 1, 6, 1}, 2, 1) == std::vector<int32_t>{6});
+    CHECK(llm::ngram_draft({1}, 3, 8).empty());
+    CHECK(llm::ngram_draft({}, 3, 8).empty());
+}
+
+TEST_CASE("speculative: a draft model beside its target shares its thread pool and drafts the target's greedy text") {
+    auto target = llm::Model::load(golden("tiny-llama-F16.gguf"));
+    auto other = llm::Model::load(golden("tiny-qwen2-F16.gguf"));
+    llm::ContextParams cp;
+    cp.n_ctx = 256;
+    cp.n_threads = 2;
+    llm::Context ctx(*target, cp);
+    const std::vector<int32_t> want = greedy(ctx, kIds, 12);
+    // The same weights as their own draft: the draft is the greedy continuation itself.
+    llm::check_draft_vocab(*target, *target);
+    llm::DraftModel self(*target, target->hp.n_vocab, cp, ctx);
+    CHECK(self.context().n_threads() == ctx.n_threads());
+    llm::DraftParams dp;
+    dp.n_max = 12;
+    dp.p_min = 0;
+    CHECK(self.draft(0, kIds, dp, 512) == want);
+    // Later tokens reuse the cached prefix and give the rest of the same continuation.
+    std::vector<int32_t> longer = kIds;
+    longer.insert(longer.end(), want.begin(), want.begin() + 5);
+    dp.n_max = 7;
+    CHECK(self.draft(0, longer, dp, 4) == std::vector<int32_t>(want.begin() + 5, want.end()));
+    // p_min: nothing drafted when the first token is below it (random weights are far from confident);
+    // n_min: a shorter draft is dropped.
+    dp.p_min = 0.999f;
+    CHECK(self.draft(0, kIds, dp, 512).empty());
+    dp.p_min = 0;
+    dp.n_min = 8;
+    dp.n_max = 4;
+    CHECK(self.draft(0, kIds, dp, 512).empty());
+    // A different model with the same (id-only) vocabulary drafts, mostly other tokens.
+    llm::check_draft_vocab(*target, *other);
+    llm::DraftModel draft(*other, target->hp.n_vocab, cp, ctx);
+    dp.n_min = 0;
+    dp.n_max = 12;
+    const std::vector<int32_t> d = draft.draft(0, kIds, dp, 512);
+    CHECK(d.size() == 12);
+    CHECK(d != want);
+    // The target still decodes as before on the shared workers.
+    CHECK(greedy(ctx, kIds, 12) == want);
+}
+
+TEST_CASE("speculative: a draft model of another vocabulary is refused at load") {
+    auto smol = llm::Model::load(kModel, [] { llm::ModelOptions mo; mo.vocab_only = true; return mo; }());
+    auto gemma = llm::Model::load("models/gemma-3-270m-Q4_K_M.gguf", [] { llm::ModelOptions mo; mo.vocab_only = true; return mo; }());
+    auto tiny = llm::Model::load(golden("tiny-llama-F16.gguf"));
+    CHECK_THROWS_WITH_AS(llm::check_draft_vocab(*smol, *gemma), doctest::Contains("tokenizer"), llm::Error);
+    CHECK_THROWS_AS(llm::check_draft_vocab(*smol, *tiny), llm::Error);
+    CHECK_NOTHROW(llm::check_draft_vocab(*smol, *smol));
+}
+
+TEST_CASE("speculative: a sampler snapshot restores penalties, DRY, mirostat, the grammar and the random draws") {
+    auto smol = llm::Model::load(kModel, [] { llm::ModelOptions mo; mo.vocab_only = true; return mo; }());
+    const int n_vocab = smol->vocab.n_tokens();
+    std::mt19937 rng(3);
+    std::normal_distribution<float> nd(0, 2);
+    std::vector<std::vector<float>> rows(24, std::vector<float>(n_vocab));
+    for (auto& r : rows) for (float& x : r) x = nd(rng);
+    auto run = [&](const llm::SamplerParams& p) {
+        llm::Sampler s(p, &smol->vocab);
+        for (int i = 0; i < 8; i++) s.accept(s.sample(rows[i].data(), n_vocab));
+        const llm::Sampler::Snapshot snap = s.snapshot();
+        std::vector<int32_t> first, again;
+        for (int i = 8; i < 24; i++) { first.push_back(s.sample(rows[i].data(), n_vocab)); s.accept(first.back()); }
+        s.restore(snap);
+        CHECK(s.history_size() == 8);
+        for (int i = 8; i < 24; i++) { again.push_back(s.sample(rows[i].data(), n_vocab)); s.accept(again.back()); }
+        CHECK(first == again);
+        return first;
+    };
+    llm::SamplerParams p;
+    p.seed = 11;
+    p.temperature = 1.0f;
+    p.repeat_penalty = 1.3f;
+    p.dry_multiplier = 0.8f;
+    const std::vector<int32_t> plain = run(p);
+    p.mirostat = 2;
+    run(p);
+    p.mirostat = 0;
+    p.grammar = "root ::= [a-z ]+";
+    const std::vector<int32_t> constrained = run(p);
+    CHECK(constrained != plain);
+    llm::Sampler without(llm::SamplerParams{}, &smol->vocab);
+    llm::Sampler with(p, &smol->vocab);
+    CHECK_THROWS_AS(without.restore(with.snapshot()), llm::Error);  // a grammar's state has nowhere to go
+}
+
+namespace {
+
+// A server on tiny-llama (ids only) with extra flags; requests give token ids and read tokens back.
+std::unique_ptr<ServerProcess> tiny_server(std::vector<std::string> extra) {
+    std::vector<std::string> a = {"./llm-server", "-m", golden("tiny-llama-F16.gguf"), "--host", "127.0.0.1", "--port", "0",
+                                  "-np", "4", "-c", "2048", "-t", "2", "--metrics", "--no-warmup"};
+    a.insert(a.end(), extra.begin(), extra.end());
+    return std::make_unique<ServerProcess>(a);
+}
+
+json complete(int port, json body) {
+    body["return_tokens"] = true;
+    Reply r = post(port, "/completion", body);
+    REQUIRE_MESSAGE(r.status == 200, r.raw);
+    return r.body;
+}
+
+json greedy_body(const std::vector<int32_t>& prompt, int n, int n_max) {
+    return json{{"prompt", prompt}, {"n_predict", n}, {"temperature", 0}, {"cache_prompt", false}, {"speculative.n_max", n_max}};
+}
+
+double metric(const std::string& text, const std::string& name) {
+    const size_t at = text.find("\nllamacpp:" + name + " ");
+    REQUIRE_MESSAGE(at != std::string::npos, name);
+    return atof(text.c_str() + at + name.size() + 11);
+}
+
+}  // namespace
+
+TEST_CASE("speculative: server with the target as its own draft: every draft accepted, the same tokens, 4 slots mixing") {
+    auto s = tiny_server({"-md", golden("tiny-llama-F16.gguf"), "--draft-p-min", "0"});
+    const int port = s->port;
+    const json plain = complete(port, greedy_body(kIds, 40, 0));
+    const json spec = complete(port, greedy_body(kIds, 40, 16));
+    CHECK(spec["tokens"] == plain["tokens"]);
+    CHECK(plain["tokens"].size() == 40);
+    CHECK(!plain["timings"].contains("draft_n"));
+    CHECK(spec["timings"]["draft_n"].get<int>() >= 30);
+    CHECK(spec["timings"]["draft_n_accepted"] == spec["timings"]["draft_n"]);
+    CHECK(spec["generation_settings"]["speculative.n_max"] == 16);
+    // 4 concurrent requests, two speculating, two not, each its own prompt: the answers each gets alone.
+    std::vector<std::vector<int32_t>> prompts;
+    std::vector<json> alone;
+    for (int i = 0; i < 4; i++) {
+        std::vector<int32_t> p = kIds;
+        p[0] = 100 + 50 * i;
+        prompts.push_back(p);
+        alone.push_back(complete(port, greedy_body(p, 32, 0))["tokens"]);
+    }
+    std::vector<json> together(4);
+    std::vector<std::thread> th;
+    for (int i = 0; i < 4; i++) th.emplace_back([&, i] { together[i] = complete(port, greedy_body(prompts[i], 32, i % 2 ? 0 : 8))["tokens"]; });
+    for (auto& t : th) t.join();
+    for (int i = 0; i < 4; i++) CHECK_MESSAGE(together[i] == alone[i], "prompt " << i);
+    CHECK(alone[0] != alone[1]);
+    // /slots and /props show the settings; /metrics counts drafted and accepted tokens.
+    Reply props = get(port, "/props");
+    CHECK(props.body["default_generation_settings"]["speculative"] == true);
+    CHECK(props.body["default_generation_settings"]["params"]["speculative.p_min"] == 0.0);
+    Reply slots = get(port, "/slots");
+    REQUIRE(slots.status == 200);
+    CHECK(slots.body.size() == 4);
+    const std::string m = get(port, "/metrics").raw;
+    CHECK(metric(m, "spec_decode_num_draft_tokens_total") >= 30 + 2 * 16);
+    CHECK(metric(m, "spec_decode_num_accepted_tokens_total") == metric(m, "spec_decode_num_draft_tokens_total"));
+    CHECK(metric(m, "spec_decode_num_drafts_total") >= 3);
+    // Repeat and frequency penalties: the draft (greedy without them) is partly rejected, and the penalty
+    // history holds only what was sampled, so the output is the one without speculation.
+    json pen_plain = greedy_body(kIds, 40, 0), pen_spec = greedy_body(kIds, 40, 16);
+    for (json* b : {&pen_plain, &pen_spec}) {
+        (*b)["repeat_penalty"] = 1.5;
+        (*b)["repeat_last_n"] = 16;
+        (*b)["frequency_penalty"] = 0.3;
+    }
+    const json a = complete(port, pen_plain), b = complete(port, pen_spec);
+    CHECK(b["tokens"] == a["tokens"]);
+    CHECK(a["tokens"] != plain["tokens"]);  // the penalties changed the text
+    const int drafted = b["timings"].value("draft_n", 0), accepted = b["timings"].value("draft_n_accepted", 0);
+    CHECK(drafted > 0);
+    CHECK(accepted < drafted);  // some drafts were rejected
+    MESSAGE("with penalties: " << accepted << " of " << drafted << " drafted tokens accepted");
+    for (int i = 0; i < 4; i++) CHECK(slots.body[i]["speculative"].is_boolean());
+}
+
+TEST_CASE("speculative: server with a different draft model: few drafts accepted, the output unchanged") {
+    auto s = tiny_server({"-md", golden("tiny-qwen2-F16.gguf"), "--draft-p-min", "0", "--draft-max", "4"});
+    const int port = s->port;
+    for (int i = 0; i < 3; i++) {
+        std::vector<int32_t> p = kIds;
+        p[1] = 500 + i;
+        const json plain = complete(port, greedy_body(p, 32, 0));
+        const json spec = complete(port, greedy_body(p, 32, 4));
+        CHECK(spec["tokens"] == plain["tokens"]);
+        const int drafted = spec["timings"]["draft_n"], accepted = spec["timings"]["draft_n_accepted"];
+        CHECK(drafted >= 16);
+        CHECK(accepted * 4 < drafted);
+    }
+}
+
+TEST_CASE("speculative: server with n-gram lookup: the greedy output's own repeats are drafted, the output unchanged") {
+    auto s = tiny_server({"--spec-type", "ngram-simple"});
+    const int port = s->port;
+    // Greedy text of a random model falls into loops ("619 166 619 166 ..."): the lookup drafts them.
+    std::vector<int32_t> p;
+    for (int r = 0; r < 3; r++) p.insert(p.end(), kIds.begin(), kIds.end());
+    const json plain = complete(port, greedy_body(p, 48, 0));
+    const json spec = complete(port, greedy_body(p, 48, 16));
+    CHECK(spec["tokens"] == plain["tokens"]);
+    const int drafted = spec["timings"].value("draft_n", 0), accepted = spec["timings"].value("draft_n_accepted", 0);
+    CHECK(drafted > 0);
+    CHECK(accepted > 0);
+    MESSAGE("n-gram: " << accepted << " of " << drafted << " drafted tokens accepted");
+}
+
+TEST_CASE("speculative: sampled tokens follow the target's distribution (chi-square), seed for seed as without drafts") {
+    auto s = tiny_server({"-md", golden("tiny-llama-F16.gguf"), "--draft-p-min", "0"});
+    const int port = s->port;
+    // The target's own distribution of the third token after the prompt and a fixed two-token prefix,
+    // through the chain the requests use (top_k 4, temperature 1).
+    auto target = llm::Model::load(golden("tiny-llama-F16.gguf"));
+    llm::ContextParams cp;
+    cp.n_ctx = 256;
+    llm::Context ctx(*target, cp);
+    const int n_runs = 400;
+    auto body = [&](int seed, int n_max) {
+        return json{{"prompt", kIds}, {"n_predict", 3}, {"temperature", 1.0}, {"top_k", 4}, {"top_p", 1.0}, {"min_p", 0.0},
+                    {"seed", seed}, {"cache_prompt", false}, {"speculative.n_max", n_max}};
+    };
+    std::vector<std::vector<int32_t>> runs[2];
+    std::atomic<int> next{0};
+    for (int mode = 0; mode < 2; mode++) {
+        runs[mode].resize(n_runs);
+        next = 0;
+        std::vector<std::thread> th;
+        for (int c = 0; c < 4; c++) {
+            th.emplace_back([&, mode] {
+                for (int i; (i = next++) < n_runs;) runs[mode][i] = complete(port, body(i, mode ? 8 : 0))["tokens"].get<std::vector<int32_t>>();
+            });
+        }
+        for (auto& t : th) t.join();
+    }
+    CHECK(runs[0] == runs[1]);  // the same seed draws the same tokens with or without speculation
+    // Chi-square of the third token, among the runs whose first two tokens are the most common prefix.
+    std::map<std::pair<int32_t, int32_t>, int> prefixes;
+    for (const auto& r : runs[1]) prefixes[{r[0], r[1]}]++;
+    const auto prefix = std::max_element(prefixes.begin(), prefixes.end(), [](auto& a, auto& b) { return a.second < b.second; })->first;
+    std::vector<int32_t> ids = kIds;
+    ids.push_back(prefix.first);
+    ids.push_back(prefix.second);
+    llm::Batch b;
+    for (size_t i = 0; i < ids.size(); i++) b.add(ids[i], (int)i, 0, i + 1 == ids.size());
+    ctx.decode(b);
+    const float* l = ctx.logits(0);
+    std::vector<int32_t> top(target->hp.n_vocab);
+    for (int i = 0; i < target->hp.n_vocab; i++) top[i] = i;
+    std::partial_sort(top.begin(), top.begin() + 4, top.end(), [&](int32_t x, int32_t y) { return l[x] > l[y]; });
+    double z = 0;
+    for (int k = 0; k < 4; k++) z += std::exp((double)l[top[k]] - l[top[0]]);
+    std::map<int32_t, int> count;
+    int n = 0;
+    for (const auto& r : runs[1]) {
+        if (r[0] == prefix.first && r[1] == prefix.second) { count[r[2]]++; n++; }
+    }
+    REQUIRE(n >= 40);
+    // Bins of the top 4 by probability; the least likely ones are merged until each expects >= 5 draws.
+    std::vector<double> expected, observed;
+    int seen = 0;
+    for (int k = 0; k < 4; k++) {
+        const double e = n * std::exp((double)l[top[k]] - l[top[0]]) / z;
+        if (expected.empty() || expected.back() >= 5) {
+            expected.push_back(e);
+            observed.push_back(count[top[k]]);
+        } else {
+            expected.back() += e;
+            observed.back() += count[top[k]];
+        }
+        seen += count[top[k]];
+    }
+    if (expected.size() > 1 && expected.back() < 5) {
+        expected[expected.size() - 2] += expected.back();
+        observed[observed.size() - 2] += observed.back();
+        expected.pop_back();
+        observed.pop_back();
+    }
+    double chi2 = 0;
+    for (size_t k = 0; k < expected.size(); k++) chi2 += (observed[k] - expected[k]) * (observed[k] - expected[k]) / expected[k];
+    CHECK(seen == n);  // only the target's top 4 were ever drawn
+    REQUIRE(expected.size() >= 2);
+    const double critical[] = {0, 10.83, 13.82, 16.27};  // p = 0.001 for 1..3 degrees of freedom
+    CHECK(chi2 < critical[expected.size() - 1]);
+    MESSAGE("chi-square " << chi2 << " over " << n << " runs with prefix " << prefix.first << "," << prefix.second);
+}
+
+TEST_CASE("speculative: -p mode with n-gram lookup and a draft model prints the text it prints without") {
+    const std::string prompt = "def add(a, b):\\n    return a + b\\n\\ndef sub(a, b):\\n    return a - b\\n\\ndef mul(a, b):\\n";
+    const std::string base = std::string("./llm-server -m ") + kModel + " -e -p '" + prompt + "' -n 24 --temp 0 -c 512 -t 2 ";
+    std::string plain, ngram, self, log;
+    REQUIRE(testutil::run(base + "2>/dev/null", &plain) == 0);
+    REQUIRE(testutil::run(base + "--spec-type ngram-simple 2>/dev/null", &ngram) == 0);
+    REQUIRE(testutil::run(base + "-md " + kModel + " --draft-p-min 0 2>&1 >/dev/null", &log) == 0);
+    REQUIRE(testutil::run(base + "-md " + kModel + " --draft-p-min 0 2>/dev/null", &self) == 0);
+    CHECK(plain.size() > strlen("def add"));
+    CHECK(ngram == plain);
+    CHECK(self == plain);
+    // Every draft of the model itself is accepted: "draft = N tokens in D drafts, N accepted".
+    const size_t at = log.find("draft =");
+    REQUIRE(at != std::string::npos);
+    int drafted = 0, drafts = 0, accepted = 0;
+    REQUIRE(sscanf(log.c_str() + at, "draft = %d tokens in %d drafts, %d accepted", &drafted, &drafts, &accepted) == 3);
+    CHECK(drafted >= 16);
+    CHECK(accepted == drafted);
+    // A draft model whose vocabulary is not the target's is refused with a clear error.
+    REQUIRE(testutil::run(base + "-md models/gemma-3-270m-Q4_K_M.gguf 2>&1", &log) != 0);
+    CHECK(log.find("draft model: its tokenizer") != std::string::npos);
+}
