@@ -956,7 +956,7 @@ std::string Api::stream_events(const Generation& g, const Result& r, int index, 
     }
     const bool chat = g.kind == ApiKind::OaiChat;
     json j = oai_base(g, chat ? "chat.completion.chunk" : "text_completion");
-    if (g.p.timings_per_token && r.kind == Result::Partial) j["timings"] = timings_json(r);
+    if (g.p.timings_per_token && r.kind != Result::Progress) j["timings"] = timings_json(r);
     const json logprobs = r.probs.empty() ? json(nullptr) : oai_logprobs(r.probs, g.p);
     auto choice = [&](const std::string& text, json finish) {
         if (chat) {

@@ -208,7 +208,8 @@ TEST_CASE("server compat: n_indent cuts at the first under-indented line; t_max_
         const size_t first = full.find_first_not_of(" \t", nl + 1);
         if (first != std::string::npos && first - (nl + 1) < (size_t)n_indent) cut = first;
     }
-    REQUIRE_MESSAGE(cut != std::string::npos && cut > full.find('\n', full.find('\n') + 1), "no late under-indented line in: " << full);
+    const bool late_cut = cut != std::string::npos && cut > full.find('\n', full.find('\n') + 1);
+    REQUIRE_MESSAGE(late_cut, "no late under-indented line in: " << full);
     json ind = base;
     ind["n_indent"] = n_indent;
     const json cut_reply = ok(post(port, "/completion", ind));
