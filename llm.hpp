@@ -25,7 +25,8 @@
 //   9. Model quantizer       per-tensor type choice of each mix, the streaming driver
 //  10. Tokenizer             unicode tables, SentencePiece, byte-level BPE with pre-tokenizers, WordPiece,
 //                            specials
-//  11. Chat templates        Jinja interpreter (values and JSON, lexer, parser, evaluation, builtins)
+//  11. Chat templates        the JSON reader (the schema converter's too); Jinja interpreter (values
+//                            and JSON, lexer, parser, evaluation, builtins)
 //                            with transformers' apply_chat_template semantics; tool-call and
 //                            reasoning parsers of generated text; family renderers (fallback)
 //  12. Thread pool           persistent workers, parallel-for (a draft model shares its target's)
@@ -39,7 +40,8 @@
 //                            embeddings and pooling (mean/cls/last/rank head)
 //  16. Memory planning       KV bytes per token, the --plan calculator
 //  17. Sampling              llama.cpp's chain (logit bias, penalties, DRY, top-n-sigma, top-k, typical,
-//                            top-p, min-p, XTC, (dynamic) temperature, mirostat), GBNF grammars
+//                            top-p, min-p, XTC, (dynamic) temperature, mirostat), GBNF grammars, JSON
+//                            schemas as grammars (integer ranges, regex patterns, excluded keys)
 //  18. Evaluation            perplexity and KL divergence
 //  19. Speculative decoding  prompt lookup (n-gram drafts), the draft model and its vocabulary check
 #ifndef LLM_HPP
@@ -844,12 +846,18 @@ private:
     std::shared_ptr<const Rules> rules_;
 };
 
-// A JSON schema as a GBNF grammar, as llama.cpp's json-schema-to-grammar converts it, for the common
-// subset: objects (properties, required, additionalProperties, allOf), arrays (items, prefixItems,
-// minItems/maxItems), strings (enum, const, minLength/maxLength, formats date, time, date-time,
-// uuid), numbers, integers, booleans, null, anyOf/oneOf, $ref to #/$defs or #/definitions (recursion
-// allowed), type lists. "{}" or "true" is any JSON value. Numeric bounds are not enforced; "pattern"
-// is refused. Throws Error for invalid JSON or an unsupported or invalid schema.
+// A JSON schema as a GBNF grammar, as llama.cpp's json-schema-to-grammar converts it: objects
+// (properties in order, required, additionalProperties whose keys are none of the declared ones,
+// allOf with its anyOf members optional and its enums intersected), arrays (items, prefixItems or
+// an items array as tuples, items false, minItems/maxItems), strings (pattern, minLength/maxLength,
+// formats date, time, date-time, uuid and uuid1-5), integers with minimum/maximum/exclusiveMinimum/
+// exclusiveMaximum (digit-range rules; a bound past +-10^18 is an error), numbers, booleans, null,
+// enum/const (number literals as written), anyOf/oneOf, type lists, local $ref as JSON pointers
+// (#/$defs/..., #/properties/..., "#"; recursion allowed; $defs nested anywhere are found). A pattern
+// is an ECMAScript regex matched as a search (^ and $ anchor it): literals, ., classes, \d \w \s and
+// their negations, groups, |, * + ? {m,n}; lookarounds, backreferences and \b are errors. "{}" or
+// "true" is any JSON value; number bounds are not enforced. Throws Error for invalid JSON or an
+// unsupported or invalid schema (the message says which).
 std::string json_schema_to_grammar(const std::string& schema_json);
 
 // The chain llama-server runs: logit_bias, then the stages in params.samplers (or temperature and
@@ -7885,6 +7893,181 @@ inline std::string json_quote(const std::string& s) {
     return out;
 }
 
+// ---- JSON text: the one reader ---------------------------------------------------------------
+
+// Strict JSON (RFC 8259) read into what a Builder makes, so each user keeps its own value type: the
+// Jinja engine gets Values, the JSON-schema converter values that keep number literals as written.
+// A Builder has a Node type and null(), boolean(b), number(literal, integral), string(s),
+// array(nodes) and object(members). A repeated member name keeps its first place and the last value
+// (as Python's json.loads); nesting and container sizes are bounded; errors are Error("JSON: ...").
+template <class Builder>
+class JsonReader {
+public:
+    using Node = typename Builder::Node;
+    JsonReader(const std::string& text, Builder& builder, int max_depth, size_t max_items)
+        : s_(text), b_(builder), max_depth_(max_depth), max_items_(max_items) {}
+
+    Node read_document() {
+        Node v = read_value(0);
+        skip_space();
+        if (pos_ != s_.size()) fail("trailing characters");
+        return v;
+    }
+
+private:
+    const std::string& s_;
+    Builder& b_;
+    const int max_depth_;
+    const size_t max_items_;
+    size_t pos_ = 0;
+
+    [[noreturn]] void fail(const std::string& what) const {
+        throw Error("JSON: " + what + " at byte " + std::to_string(pos_));
+    }
+    void skip_space() {
+        while (pos_ < s_.size() && (s_[pos_] == ' ' || s_[pos_] == '\t' || s_[pos_] == '\n' || s_[pos_] == '\r')) pos_++;
+    }
+    bool take(char c) {
+        skip_space();
+        if (pos_ < s_.size() && s_[pos_] == c) {
+            pos_++;
+            return true;
+        }
+        return false;
+    }
+    void expect(char c) {
+        if (!take(c)) fail(std::string("expected '") + c + "'");
+    }
+    bool take_word(const char* w) {
+        const size_t n = std::strlen(w);
+        if (s_.compare(pos_, n, w) != 0) return false;
+        pos_ += n;
+        return true;
+    }
+
+    Node read_value(int depth) {
+        if (depth > max_depth_) fail("nested more than " + std::to_string(max_depth_) + " deep");
+        skip_space();
+        if (pos_ >= s_.size()) fail("unexpected end");
+        const char c = s_[pos_];
+        if (c == '{') return read_object(depth);
+        if (c == '[') return read_array(depth);
+        if (c == '"') return b_.string(read_string());
+        if (take_word("true")) return b_.boolean(true);
+        if (take_word("false")) return b_.boolean(false);
+        if (take_word("null")) return b_.null();
+        if (c == '-' || (c >= '0' && c <= '9')) return read_number();
+        fail("unexpected character");
+    }
+
+    Node read_object(int depth) {
+        pos_++;
+        std::vector<std::pair<std::string, Node>> members;
+        std::unordered_map<std::string, size_t> index;  // name -> its place in members
+        if (take('}')) return b_.object(std::move(members));
+        do {
+            skip_space();
+            if (pos_ >= s_.size() || s_[pos_] != '"') fail("expected a member name");
+            std::string key = read_string();
+            expect(':');
+            Node val = read_value(depth + 1);
+            auto [it, added] = index.emplace(key, members.size());
+            if (added) members.emplace_back(std::move(key), std::move(val));
+            else members[it->second].second = std::move(val);
+            if (members.size() > max_items_) fail("object too large");
+        } while (take(','));
+        expect('}');
+        return b_.object(std::move(members));
+    }
+
+    Node read_array(int depth) {
+        pos_++;
+        std::vector<Node> items;
+        if (take(']')) return b_.array(std::move(items));
+        do {
+            items.push_back(read_value(depth + 1));
+            if (items.size() > max_items_) fail("array too large");
+        } while (take(','));
+        expect(']');
+        return b_.array(std::move(items));
+    }
+
+    uint32_t read_hex4() {
+        if (pos_ + 4 > s_.size()) fail("bad \\u escape");
+        uint32_t v = 0;
+        for (int i = 0; i < 4; i++) {
+            const char h = s_[pos_++];
+            v = v * 16 + (uint32_t)(h >= '0' && h <= '9' ? h - '0' : h >= 'a' && h <= 'f' ? h - 'a' + 10
+                                   : h >= 'A' && h <= 'F' ? h - 'A' + 10 : (fail("bad \\u escape"), 0));
+        }
+        return v;
+    }
+
+    std::string read_string() {
+        pos_++;  // opening quote
+        std::string out;
+        while (true) {
+            if (pos_ >= s_.size()) fail("unterminated string");
+            const char c = s_[pos_++];
+            if (c == '"') return out;
+            if ((unsigned char)c < 0x20) fail("control character in string");
+            if (c != '\\') {
+                out += c;
+                continue;
+            }
+            if (pos_ >= s_.size()) fail("unterminated string");
+            const char e = s_[pos_++];
+            switch (e) {
+            case '"': out += '"'; break;
+            case '\\': out += '\\'; break;
+            case '/': out += '/'; break;
+            case 'b': out += '\b'; break;
+            case 'f': out += '\f'; break;
+            case 'n': out += '\n'; break;
+            case 'r': out += '\r'; break;
+            case 't': out += '\t'; break;
+            case 'u': {
+                uint32_t cp = read_hex4();
+                if (cp >= 0xd800 && cp < 0xdc00 && s_.compare(pos_, 2, "\\u") == 0) {
+                    const size_t save = pos_;
+                    pos_ += 2;
+                    const uint32_t low = read_hex4();
+                    if (low >= 0xdc00 && low < 0xe000) cp = 0x10000 + ((cp - 0xd800) << 10) + (low - 0xdc00);
+                    else pos_ = save;
+                }
+                tokenizer_impl::utf8_append(out, cp);
+                break;
+            }
+            default: fail("bad escape");
+            }
+        }
+    }
+
+    Node read_number() {
+        const size_t start = pos_;
+        if (s_[pos_] == '-') pos_++;
+        auto digits = [&] {
+            const size_t d = pos_;
+            while (pos_ < s_.size() && s_[pos_] >= '0' && s_[pos_] <= '9') pos_++;
+            if (pos_ == d) fail("bad number");
+        };
+        digits();
+        bool integral = true;
+        if (pos_ < s_.size() && s_[pos_] == '.') {
+            pos_++;
+            digits();
+            integral = false;
+        }
+        if (pos_ < s_.size() && (s_[pos_] == 'e' || s_[pos_] == 'E')) {
+            pos_++;
+            if (pos_ < s_.size() && (s_[pos_] == '+' || s_[pos_] == '-')) pos_++;
+            digits();
+            integral = false;
+        }
+        return b_.number(s_.substr(start, pos_ - start), integral);
+    }
+};
+
 [[noreturn]] inline void template_error(const std::string& msg) { throw Error(msg); }
 
 using Msgs = std::vector<ChatMessage>;
@@ -8726,179 +8909,34 @@ inline void json_dump(std::string& out, const Value& v, const JsonStyle& style, 
     fault("TypeError: Object of type " + type_name(v) + " is not JSON serializable");
 }
 
-// A bounded JSON parser (RFC 8259) into values: objects keep their member order.
-class JsonParser {
-public:
-    explicit JsonParser(const std::string& text) : s_(text) {}
-
-    Value parse_document() {
-        Value v = parse_value(0);
-        skip_space();
-        if (pos_ != s_.size()) fail("trailing characters");
-        return v;
-    }
-
-private:
-    const std::string& s_;
-    size_t pos_ = 0;
-
-    [[noreturn]] void fail(const std::string& what) const {
-        throw Error("JSON: " + what + " at byte " + std::to_string(pos_));
-    }
-    void skip_space() {
-        while (pos_ < s_.size() && (s_[pos_] == ' ' || s_[pos_] == '\t' || s_[pos_] == '\n' || s_[pos_] == '\r')) pos_++;
-    }
-    bool take(char c) {
-        skip_space();
-        if (pos_ < s_.size() && s_[pos_] == c) {
-            pos_++;
-            return true;
-        }
-        return false;
-    }
-    void expect(char c) {
-        if (!take(c)) fail(std::string("expected '") + c + "'");
-    }
-    bool take_word(const char* w) {
-        const size_t n = std::strlen(w);
-        if (s_.compare(pos_, n, w) != 0) return false;
-        pos_ += n;
-        return true;
-    }
-
-    Value parse_value(int depth) {
-        if (depth > kMaxNesting) fail("nested more than " + std::to_string(kMaxNesting) + " deep");
-        skip_space();
-        if (pos_ >= s_.size()) fail("unexpected end");
-        const char c = s_[pos_];
-        if (c == '{') return parse_object(depth);
-        if (c == '[') return parse_array(depth);
-        if (c == '"') return string_value(parse_string());
-        if (take_word("true")) return bool_value(true);
-        if (take_word("false")) return bool_value(false);
-        if (take_word("null")) return none_value();
-        if (c == '-' || (c >= '0' && c <= '9')) return parse_number();
-        fail("unexpected character");
-    }
-
-    Value parse_object(int depth) {
-        pos_++;
-        std::vector<std::pair<Value, Value>> items;
-        if (take('}')) return dict_value(std::move(items));
-        do {
-            skip_space();
-            if (pos_ >= s_.size() || s_[pos_] != '"') fail("expected a member name");
-            Value key = string_value(parse_string());
-            expect(':');
-            Value val = parse_value(depth + 1);
-            bool replaced = false;  // a repeated name keeps its first place and the last value, as Python
-            for (auto& kv : items)
-                if (kv.first.text == key.text) {
-                    kv.second = val;
-                    replaced = true;
-                }
-            if (!replaced) items.push_back({std::move(key), std::move(val)});
-            if (items.size() > kMaxItems) fail("object too large");
-        } while (take(','));
-        expect('}');
-        return dict_value(std::move(items));
-    }
-
-    Value parse_array(int depth) {
-        pos_++;
-        ValueList items;
-        if (take(']')) return list_value(std::move(items));
-        do {
-            items.push_back(parse_value(depth + 1));
-            if (items.size() > kMaxItems) fail("array too large");
-        } while (take(','));
-        expect(']');
-        return list_value(std::move(items));
-    }
-
-    uint32_t parse_hex4() {
-        if (pos_ + 4 > s_.size()) fail("bad \\u escape");
-        uint32_t v = 0;
-        for (int i = 0; i < 4; i++) {
-            const char h = s_[pos_++];
-            v = v * 16 + (uint32_t)(h >= '0' && h <= '9' ? h - '0' : h >= 'a' && h <= 'f' ? h - 'a' + 10
-                                   : h >= 'A' && h <= 'F' ? h - 'A' + 10 : (fail("bad \\u escape"), 0));
-        }
-        return v;
-    }
-
-    std::string parse_string() {
-        pos_++;  // opening quote
-        std::string out;
-        while (true) {
-            if (pos_ >= s_.size()) fail("unterminated string");
-            const char c = s_[pos_++];
-            if (c == '"') return out;
-            if ((unsigned char)c < 0x20) fail("control character in string");
-            if (c != '\\') {
-                out += c;
-                continue;
-            }
-            if (pos_ >= s_.size()) fail("unterminated string");
-            const char e = s_[pos_++];
-            switch (e) {
-            case '"': out += '"'; break;
-            case '\\': out += '\\'; break;
-            case '/': out += '/'; break;
-            case 'b': out += '\b'; break;
-            case 'f': out += '\f'; break;
-            case 'n': out += '\n'; break;
-            case 'r': out += '\r'; break;
-            case 't': out += '\t'; break;
-            case 'u': {
-                uint32_t cp = parse_hex4();
-                if (cp >= 0xd800 && cp < 0xdc00 && s_.compare(pos_, 2, "\\u") == 0) {
-                    const size_t save = pos_;
-                    pos_ += 2;
-                    const uint32_t low = parse_hex4();
-                    if (low >= 0xdc00 && low < 0xe000) cp = 0x10000 + ((cp - 0xd800) << 10) + (low - 0xdc00);
-                    else pos_ = save;
-                }
-                tokenizer_impl::utf8_append(out, cp);
-                break;
-            }
-            default: fail("bad escape");
-            }
-        }
-    }
-
-    Value parse_number() {
-        const size_t start = pos_;
-        if (s_[pos_] == '-') pos_++;
-        auto digits = [&] {
-            const size_t d = pos_;
-            while (pos_ < s_.size() && s_[pos_] >= '0' && s_[pos_] <= '9') pos_++;
-            if (pos_ == d) fail("bad number");
-        };
-        digits();
-        bool is_float = false;
-        if (pos_ < s_.size() && s_[pos_] == '.') {
-            pos_++;
-            digits();
-            is_float = true;
-        }
-        if (pos_ < s_.size() && (s_[pos_] == 'e' || s_[pos_] == 'E')) {
-            pos_++;
-            if (pos_ < s_.size() && (s_[pos_] == '+' || s_[pos_] == '-')) pos_++;
-            digits();
-            is_float = true;
-        }
-        const std::string num = s_.substr(start, pos_ - start);
-        if (!is_float) {
+// JSON text as Values (chat_detail::JsonReader's builder): integers that fit int64 are Ints, other
+// numbers Floats, objects dicts in member order.
+struct ValueBuilder {
+    using Node = Value;
+    Value null() { return none_value(); }
+    Value boolean(bool b) { return bool_value(b); }
+    Value string(std::string s) { return string_value(std::move(s)); }
+    Value number(const std::string& literal, bool integral) {
+        if (integral) {
             errno = 0;
-            const long long i = std::strtoll(num.c_str(), nullptr, 10);
+            const long long i = std::strtoll(literal.c_str(), nullptr, 10);
             if (errno != ERANGE) return int_value(i);
         }
-        return float_value(std::strtod(num.c_str(), nullptr));
+        return float_value(std::strtod(literal.c_str(), nullptr));
+    }
+    Value array(ValueList items) { return list_value(std::move(items)); }
+    Value object(std::vector<std::pair<std::string, Value>> members) {
+        std::vector<std::pair<Value, Value>> items;
+        items.reserve(members.size());
+        for (auto& [k, v] : members) items.emplace_back(string_value(std::move(k)), std::move(v));
+        return dict_value(std::move(items));
     }
 };
 
-inline Value parse_json(const std::string& text) { return JsonParser(text).parse_document(); }
+inline Value parse_json(const std::string& text) {
+    ValueBuilder builder;
+    return chat_detail::JsonReader<ValueBuilder>(text, builder, kMaxNesting, kMaxItems).read_document();
+}
 
 } // namespace jinja_detail
 
@@ -14838,7 +14876,8 @@ namespace simpl {
 struct JsonValue {
     enum Kind { Null, Bool, Number, String, Array, Object } kind = Null;
     bool boolean = false;
-    std::string text;  // a string's value, or a number's literal as written
+    bool integral = false;  // a Number written without fraction or exponent
+    std::string text;       // a string's value, or a number's literal as written
     std::vector<JsonValue> items;
     std::vector<std::pair<std::string, JsonValue>> members;
     const JsonValue* get(const std::string& key) const {
@@ -14847,150 +14886,44 @@ struct JsonValue {
     }
 };
 
-// Strict JSON (RFC 8259) with bounded nesting.
-class JsonReader {
-public:
-    explicit JsonReader(const std::string& s) : s_(s) {}
-    JsonValue read_document() {
-        JsonValue v = read(0);
-        skip_ws();
-        if (pos_ != s_.size()) fail("trailing characters");
-        return v;
-    }
-
-private:
-    [[noreturn]] void fail(const std::string& what) const {
-        throw Error("json_schema: invalid JSON (" + what + " at offset " + std::to_string(pos_) + ")");
-    }
-    void skip_ws() { while (pos_ < s_.size() && std::strchr(" \t\r\n", s_[pos_]) && s_[pos_]) pos_++; }
-    bool eat(char c) {
-        skip_ws();
-        if (pos_ < s_.size() && s_[pos_] == c) { pos_++; return true; }
-        return false;
-    }
-    void expect(char c) { if (!eat(c)) fail(std::string("expected '") + c + "'"); }
-    void literal(const char* word) {
-        if (s_.compare(pos_, std::strlen(word), word) != 0) fail("unexpected token");
-        pos_ += std::strlen(word);
-    }
-    static void put_utf8(std::string& out, uint32_t cp) {
-        if (cp < 0x80) { out += (char)cp; return; }
-        if (cp < 0x800) { out += (char)(0xC0 | (cp >> 6)); }
-        else {
-            if (cp < 0x10000) { out += (char)(0xE0 | (cp >> 12)); }
-            else { out += (char)(0xF0 | (cp >> 18)); out += (char)(0x80 | ((cp >> 12) & 0x3F)); }
-            out += (char)(0x80 | ((cp >> 6) & 0x3F));
-        }
-        out += (char)(0x80 | (cp & 0x3F));
-    }
-    uint32_t hex4() {
-        if (pos_ + 4 > s_.size()) fail("bad \\u escape");
-        uint32_t v = 0;
-        for (int i = 0; i < 4; i++) {
-            const int d = hex_digit(s_[pos_++]);
-            if (d < 0) fail("bad \\u escape");
-            v = v * 16 + d;
-        }
-        return v;
-    }
-    std::string read_string() {
-        expect('"');
-        std::string out;
-        while (pos_ < s_.size() && s_[pos_] != '"') {
-            char c = s_[pos_++];
-            if ((unsigned char)c < 0x20) fail("control character in string");
-            if (c != '\\') { out += c; continue; }
-            if (pos_ >= s_.size()) fail("unterminated string");
-            char e = s_[pos_++];
-            switch (e) {
-                case '"': case '\\': case '/': out += e; break;
-                case 'b': out += '\b'; break;
-                case 'f': out += '\f'; break;
-                case 'n': out += '\n'; break;
-                case 'r': out += '\r'; break;
-                case 't': out += '\t'; break;
-                case 'u': {
-                    uint32_t cp = hex4();
-                    if (cp >= 0xD800 && cp < 0xDC00 && s_.compare(pos_, 2, "\\u") == 0) {
-                        pos_ += 2;
-                        uint32_t lo = hex4();
-                        if (lo < 0xDC00 || lo > 0xDFFF) fail("bad surrogate pair");
-                        cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
-                    }
-                    put_utf8(out, cp);
-                    break;
-                }
-                default: fail("bad escape");
-            }
-        }
-        if (pos_ >= s_.size()) fail("unterminated string");
-        pos_++;
-        return out;
-    }
-    JsonValue read(int depth) {
-        if (depth > 64) fail("nesting deeper than 64");
-        skip_ws();
-        if (pos_ >= s_.size()) fail("unexpected end");
+// JSON text as JsonValues (chat_detail::JsonReader's builder), number literals kept.
+struct JsonValueBuilder {
+    using Node = JsonValue;
+    static JsonValue of_kind(JsonValue::Kind kind) {
         JsonValue v;
-        const char c = s_[pos_];
-        if (c == '{') {
-            v.kind = JsonValue::Object;
-            pos_++;
-            if (eat('}')) return v;
-            do {
-                skip_ws();
-                std::string key = read_string();
-                expect(':');
-                v.members.emplace_back(std::move(key), read(depth + 1));
-            } while (eat(','));
-            expect('}');
-        } else if (c == '[') {
-            v.kind = JsonValue::Array;
-            pos_++;
-            if (eat(']')) return v;
-            do v.items.push_back(read(depth + 1)); while (eat(','));
-            expect(']');
-        } else if (c == '"') {
-            v.kind = JsonValue::String;
-            v.text = read_string();
-        } else if (c == 't' || c == 'f') {
-            v.kind = JsonValue::Bool;
-            v.boolean = c == 't';
-            literal(v.boolean ? "true" : "false");
-        } else if (c == 'n') {
-            literal("null");
-        } else {
-            v.kind = JsonValue::Number;
-            const size_t start = pos_;
-            if (s_[pos_] == '-') pos_++;
-            auto digits = [&] { size_t b = pos_; while (pos_ < s_.size() && std::isdigit((unsigned char)s_[pos_])) pos_++; return pos_ > b; };
-            if (!digits()) fail("unexpected character");
-            if (pos_ < s_.size() && s_[pos_] == '.') { pos_++; if (!digits()) fail("bad number"); }
-            if (pos_ < s_.size() && (s_[pos_] == 'e' || s_[pos_] == 'E')) {
-                pos_++;
-                if (pos_ < s_.size() && (s_[pos_] == '+' || s_[pos_] == '-')) pos_++;
-                if (!digits()) fail("bad number");
-            }
-            v.text = s_.substr(start, pos_ - start);
-        }
+        v.kind = kind;
         return v;
     }
-    const std::string& s_;
-    size_t pos_ = 0;
+    JsonValue null() { return JsonValue(); }
+    JsonValue boolean(bool b) {
+        JsonValue v = of_kind(JsonValue::Bool);
+        v.boolean = b;
+        return v;
+    }
+    JsonValue string(std::string s) {
+        JsonValue v = of_kind(JsonValue::String);
+        v.text = std::move(s);
+        return v;
+    }
+    JsonValue number(const std::string& literal, bool integral) {
+        JsonValue v = of_kind(JsonValue::Number);
+        v.text = literal;
+        v.integral = integral;
+        return v;
+    }
+    JsonValue array(std::vector<JsonValue> items) {
+        JsonValue v = of_kind(JsonValue::Array);
+        v.items = std::move(items);
+        return v;
+    }
+    JsonValue object(std::vector<std::pair<std::string, JsonValue>> members) {
+        JsonValue v = of_kind(JsonValue::Object);
+        v.members = std::move(members);
+        return v;
+    }
 };
 
-std::string json_quote_string(const std::string& s) {
-    std::string out = "\"";
-    for (unsigned char c : s) {
-        if (c == '"' || c == '\\') { out += '\\'; out += (char)c; }
-        else if (c == '\n') out += "\\n";
-        else if (c == '\r') out += "\\r";
-        else if (c == '\t') out += "\\t";
-        else if (c < 0x20) { char buf[8]; std::snprintf(buf, sizeof buf, "\\u%04x", c); out += buf; }
-        else out += (char)c;
-    }
-    return out + "\"";
-}
+using chat_detail::json_quote;
 
 // Compact JSON text of a value (what a const or enum member must be generated as).
 std::string json_dump(const JsonValue& v) {
@@ -14998,7 +14931,7 @@ std::string json_dump(const JsonValue& v) {
         case JsonValue::Null: return "null";
         case JsonValue::Bool: return v.boolean ? "true" : "false";
         case JsonValue::Number: return v.text;
-        case JsonValue::String: return json_quote_string(v.text);
+        case JsonValue::String: return json_quote(v.text);
         case JsonValue::Array: {
             std::string out = "[";
             for (size_t i = 0; i < v.items.size(); i++) out += (i ? "," : "") + json_dump(v.items[i]);
@@ -15007,7 +14940,7 @@ std::string json_dump(const JsonValue& v) {
         case JsonValue::Object: {
             std::string out = "{";
             for (size_t i = 0; i < v.members.size(); i++)
-                out += (i ? "," : "") + json_quote_string(v.members[i].first) + ":" + json_dump(v.members[i].second);
+                out += (i ? "," : "") + json_quote(v.members[i].first) + ":" + json_dump(v.members[i].second);
             return out + "}";
         }
     }
@@ -15025,6 +14958,439 @@ std::string gbnf_literal(const std::string& text) {
     }
     return out + "\"";
 }
+
+// ---- integer ranges: minimum/maximum as digit rules (llama.cpp's _generate_min_max_int) ----
+
+// Integers between two bounds; an absent bound is open. Bounds are within +-kIntegerBoundLimit.
+struct IntegerRange {
+    bool has_min = false, has_max = false;
+    int64_t min = 0, max = 0;
+};
+constexpr int64_t kIntegerBoundLimit = 1000000000000000000;  // 10^18: negation and +-1 cannot overflow
+constexpr size_t kIntegerMaxDigits = 16;                    // of an open range, as integral-part
+
+// The decimal strings between lo and hi (equal lengths, lo <= hi) as a GBNF sequence: the common
+// prefix, then the first differing digit's low end, middle digits and high end.
+std::string same_length_digits(const std::string& lo, const std::string& hi) {
+    size_t k = 0;
+    while (k < lo.size() && lo[k] == hi[k]) k++;
+    const std::string prefix = k ? "\"" + lo.substr(0, k) + "\"" : "";
+    if (k == lo.size()) return prefix;
+    const size_t rest = lo.size() - k - 1;
+    auto digits = [](char a, char b) { return a == b ? std::string("[") + a + "]" : std::string("[") + a + "-" + b + "]"; };
+    auto any_digits = [&](size_t n) { return n == 0 ? std::string() : n == 1 ? std::string(" [0-9]") : " [0-9]{" + std::to_string(n) + "}"; };
+    const std::string lo_rest = lo.substr(k + 1), hi_rest = hi.substr(k + 1);
+    const bool lo_full = lo_rest == std::string(rest, '0'), hi_full = hi_rest == std::string(rest, '9');
+    const char mid_lo = lo_full ? lo[k] : (char)(lo[k] + 1), mid_hi = hi_full ? hi[k] : (char)(hi[k] - 1);
+    std::vector<std::string> alts;
+    if (!lo_full) alts.push_back(digits(lo[k], lo[k]) + " (" + same_length_digits(lo_rest, std::string(rest, '9')) + ")");
+    if (mid_lo <= mid_hi) alts.push_back(digits(mid_lo, mid_hi) + any_digits(rest));
+    if (!hi_full) alts.push_back(digits(hi[k], hi[k]) + " (" + same_length_digits(std::string(rest, '0'), hi_rest) + ")");
+    std::string body;
+    for (size_t i = 0; i < alts.size(); i++) body += (i ? " | " : "") + alts[i];
+    return prefix.empty() ? body : prefix + " (" + body + ")";
+}
+
+// The non-negative integers from lo on (to hi when bounded), without leading zeros: one
+// same-length range per digit count; an open range stops at kIntegerMaxDigits digits (or lo's).
+std::string natural_range(int64_t lo, bool has_hi, int64_t hi) {
+    const std::string lo_s = std::to_string(lo);
+    const size_t last_len = has_hi ? std::to_string(hi).size() : std::max(lo_s.size(), kIntegerMaxDigits);
+    std::string body;
+    for (size_t len = lo_s.size(); len <= last_len; len++) {
+        const std::string from = len == lo_s.size() ? lo_s : "1" + std::string(len - 1, '0');
+        const std::string to = has_hi && len == last_len ? std::to_string(hi) : std::string(len, '9');
+        if (!has_hi && len > lo_s.size()) {  // every longer length at once
+            body += " | [1-9] [0-9]{" + std::to_string(len - 1) + "," + std::to_string(last_len - 1) + "}";
+            break;
+        }
+        body += (body.empty() ? "(" : " | (") + same_length_digits(from, to) + ")";
+    }
+    return body;
+}
+
+// The integers of r as a GBNF alternation: "-" and the negated negative part, then the rest.
+std::string integer_range_rule(const IntegerRange& r) {
+    std::vector<std::string> alts;
+    if (!r.has_min || r.min < 0) {
+        const int64_t neg_lo = r.has_max && r.max < 0 ? -r.max : 1;  // magnitudes of the negative part
+        alts.push_back("\"-\" (" + natural_range(neg_lo, r.has_min, r.has_min ? -r.min : 0) + ")");
+    }
+    if (!r.has_max || r.max >= 0) alts.push_back(natural_range(r.has_min ? std::max<int64_t>(r.min, 0) : 0, r.has_max, r.max));
+    std::string body;
+    for (size_t i = 0; i < alts.size(); i++) body += (i ? " | " : "") + alts[i];
+    return body;
+}
+
+// ---- code point sets (regex classes) ---------------------------------------------------------
+
+constexpr uint32_t kMaxCodePoint = 0x10FFFF;
+
+// Sorted, disjoint, non-adjacent inclusive ranges of code points.
+using CodeSet = std::vector<std::pair<uint32_t, uint32_t>>;
+
+CodeSet normalized(CodeSet s) {
+    std::sort(s.begin(), s.end());
+    CodeSet out;
+    for (const auto& r : s) {
+        if (!out.empty() && r.first <= out.back().second + 1) out.back().second = std::max(out.back().second, r.second);
+        else out.push_back(r);
+    }
+    return out;
+}
+
+CodeSet complement(const CodeSet& s) {
+    CodeSet out;
+    uint32_t next = 0;
+    for (const auto& [lo, hi] : s) {
+        if (lo > next) out.emplace_back(next, lo - 1);
+        next = hi + 1;
+    }
+    if (next <= kMaxCodePoint) out.emplace_back(next, kMaxCodePoint);
+    return out;
+}
+
+CodeSet intersection(const CodeSet& a, const CodeSet& b) {
+    CodeSet out;
+    for (size_t i = 0, j = 0; i < a.size() && j < b.size();) {
+        const uint32_t lo = std::max(a[i].first, b[j].first), hi = std::min(a[i].second, b[j].second);
+        if (lo <= hi) out.emplace_back(lo, hi);
+        (a[i].second < b[j].second ? i : j)++;
+    }
+    return out;
+}
+
+bool contains(const CodeSet& s, uint32_t cp) {
+    for (const auto& [lo, hi] : s) if (cp >= lo && cp <= hi) return true;
+    return false;
+}
+
+// ECMAScript's \d, \w and \s (the dialect JSON Schema patterns are written in).
+CodeSet class_escape_set(char e) {
+    CodeSet s;
+    switch (std::tolower((unsigned char)e)) {
+        case 'd': s = {{'0', '9'}}; break;
+        case 'w': s = {{'0', '9'}, {'A', 'Z'}, {'_', '_'}, {'a', 'z'}}; break;
+        default:
+            s = normalized({{'\t', '\r'}, {' ', ' '}, {0xA0, 0xA0}, {0x1680, 0x1680}, {0x2000, 0x200A}, {0x2028, 0x2029},
+                            {0x202F, 0x202F}, {0x205F, 0x205F}, {0x3000, 0x3000}, {0xFEFF, 0xFEFF}});
+    }
+    return std::isupper((unsigned char)e) ? complement(s) : s;
+}
+
+// A code point inside a GBNF class: plain when alphanumeric ASCII, else an escape.
+std::string gbnf_class_char(uint32_t cp) {
+    if (cp < 0x80 && std::isalnum((int)cp)) return std::string(1, (char)cp);
+    char buf[16];
+    if (cp < 0x100) std::snprintf(buf, sizeof buf, "\\x%02X", cp);
+    else if (cp < 0x10000) std::snprintf(buf, sizeof buf, "\\u%04X", cp);
+    else std::snprintf(buf, sizeof buf, "\\U%08X", cp);
+    return buf;
+}
+
+// The JSON text (inside a string) that stands for one code point: itself, or its escape.
+std::string json_text_of(uint32_t cp) {
+    std::string ch;
+    tokenizer_impl::utf8_append(ch, cp);
+    const std::string quoted = json_quote(ch);
+    return quoted.substr(1, quoted.size() - 2);
+}
+
+// GBNF for the JSON text of one character of s. Characters written raw form a class; '"', '\\' and
+// the named control escapes (\b \f \n \r \t) are written escaped; other control characters, which
+// JSON writes as \u00XX, are left out. Empty when nothing remains.
+std::string json_char_of_set(const CodeSet& s) {
+    static const CodeSet raw_ok = {{0x20, 0x21}, {0x23, 0x5B}, {0x5D, kMaxCodePoint}};
+    std::vector<std::string> alts;
+    const CodeSet raw = intersection(s, raw_ok);
+    if (!raw.empty()) {
+        std::string cls = "[";
+        for (const auto& [lo, hi] : raw) cls += gbnf_class_char(lo) + (lo == hi ? "" : "-" + gbnf_class_char(hi));
+        alts.push_back(cls + "]");
+    }
+    std::string escapes;
+    for (auto [cp, letter] : {std::pair<uint32_t, const char*>{'"', "\\\""}, {'\\', "\\\\"}, {'\b', "b"}, {'\f', "f"},
+                              {'\n', "n"}, {'\r', "r"}, {'\t', "t"}})
+        if (contains(s, cp)) escapes += letter;
+    if (!escapes.empty()) alts.push_back("\"\\\\\" [" + escapes + "]");
+    if (alts.size() == 1) return alts[0];
+    return alts.empty() ? "" : "(" + alts[0] + " | " + alts[1] + ")";
+}
+
+// ---- regex patterns ------------------------------------------------------------------------------
+
+// A JSON Schema "pattern" (ECMAScript regex) as the GBNF of a JSON string's contents whose decoded
+// text it matches, as llama.cpp's _visit_pattern: literals, ., classes and escapes (\d \w \s and
+// their negations), groups ((?:...) and named ones too), alternation, the quantifiers * + ? {m}
+// {m,} {m,n} (lazy ones alike). Unanchored ends match anything (a search, as validators do); ^ and
+// $ may only begin and end a top-level alternative. Lookarounds, backreferences and word
+// boundaries are errors. `any_char` names the rule of one JSON string character.
+class PatternConverter {
+public:
+    PatternConverter(const std::string& pattern, const std::string& any_char) : any_char_(any_char) {
+        for (size_t off = 0; off < pattern.size();) cps_.push_back(tokenizer_impl::utf8_decode(pattern, off));
+        if (cps_.size() > kMaxPatternChars) fail("longer than " + std::to_string(kMaxPatternChars) + " characters");
+    }
+
+    std::string convert() {
+        std::string body;
+        do {
+            const bool from_start = take('^');
+            std::string alt = sequence(0);
+            const bool to_end = take('$');
+            if (!at_end() && !at('|')) fail(at(')') ? "unbalanced ')'" : "'$' before the end of an alternative");
+            alt = (from_start ? "" : any_char_ + "* ") + alt + (to_end ? "" : " " + any_char_ + "*");
+            body += (body.empty() ? "" : " | ") + alt;
+        } while (take('|'));
+        return body;
+    }
+
+private:
+    static constexpr size_t kMaxPatternChars = 4096;
+    static constexpr int kMaxGroupNesting = 64;
+    std::vector<uint32_t> cps_;
+    size_t pos_ = 0;
+    std::string any_char_;
+
+    [[noreturn]] void fail(const std::string& what) const {
+        throw Error("json_schema: pattern: " + what + " (at character " + std::to_string(pos_) + ")");
+    }
+    bool at_end() const { return pos_ >= cps_.size(); }
+    bool at(uint32_t c) const { return pos_ < cps_.size() && cps_[pos_] == c; }
+    bool take(uint32_t c) {
+        if (!at(c)) return false;
+        pos_++;
+        return true;
+    }
+    uint32_t next() {
+        if (at_end()) fail("unexpected end");
+        return cps_[pos_++];
+    }
+
+    // Alternatives inside a group, up to its ')'.
+    std::string alternatives(int depth) {
+        if (depth > kMaxGroupNesting) fail("groups nested deeper than " + std::to_string(kMaxGroupNesting));
+        std::string body = sequence(depth);
+        while (take('|')) body += " | " + sequence(depth);
+        return body;
+    }
+
+    // Atoms with their quantifiers up to '|', ')' or the end; neighbouring plain characters merge
+    // into one literal.
+    std::string sequence(int depth) {
+        std::vector<std::string> terms;
+        std::string literal;  // JSON text of the pending plain characters
+        auto flush = [&] {
+            if (!literal.empty()) terms.push_back(gbnf_literal(literal));
+            literal.clear();
+        };
+        while (!at_end() && !at('|') && !at(')')) {
+            if (at('$') && depth == 0 && (pos_ + 1 == cps_.size() || cps_[pos_ + 1] == '|')) break;
+            if (at('^') || at('$')) fail("'^' and '$' are only supported at the ends of the pattern");
+            uint32_t plain = 0;
+            std::string atom_rule = atom(depth, plain);
+            const std::string quantifier = take_quantifier();
+            if (plain && quantifier.empty()) {
+                literal += json_text_of(plain);
+                continue;
+            }
+            flush();
+            if (plain) atom_rule = gbnf_literal(json_text_of(plain));
+            if (atom_rule.empty()) fail("a character class that matches only control characters");
+            terms.push_back(atom_rule + quantifier);
+        }
+        flush();
+        std::string out;
+        for (size_t i = 0; i < terms.size(); i++) out += (i ? " " : "") + terms[i];
+        return out.empty() ? "\"\"" : out;
+    }
+
+    // One atom as a single GBNF term; plain is set to the character when it is a plain one.
+    std::string atom(int depth, uint32_t& plain) {
+        const uint32_t c = next();
+        switch (c) {
+            case '(': {
+                if (take('?')) {
+                    if (take('<') && !at('=') && !at('!')) {
+                        while (!at_end() && !at('>')) pos_++;  // a named group is a plain group
+                        if (!take('>')) fail("unterminated group name");
+                    } else if (!take(':')) fail("lookaround assertions are not supported");
+                }
+                std::string body = alternatives(depth + 1);
+                if (!take(')')) fail("unbalanced '('");
+                return "(" + body + ")";
+            }
+            case '[': return json_char_of_set(bracket_class());
+            case '.': return json_char_of_set(complement({{'\n', '\n'}, {'\r', '\r'}}));
+            case '\\': return escape_atom(plain);
+            case '*': case '+': case '?': fail("nothing to repeat");
+            case '{': if (quantifier_ahead(pos_ - 1)) fail("nothing to repeat"); break;
+            case ')': fail("unbalanced ')'");
+            default: break;
+        }
+        if (c < 0x20) return json_char_of_set({{c, c}});
+        plain = c;
+        return "";
+    }
+
+    // The character of an escape that stands for one, or 0x110000 when e is a class escape.
+    uint32_t escaped_char(uint32_t e) {
+        auto hex = [&](int n) {
+            uint32_t v = 0;
+            for (int i = 0; i < n; i++) {
+                const uint32_t h = next();
+                const int d = h < 0x80 ? hex_digit((char)h) : -1;
+                if (d < 0) fail("expected " + std::to_string(n) + " hex digits");
+                v = v * 16 + d;
+            }
+            return v;
+        };
+        switch (e) {
+            case 'n': return '\n';
+            case 'r': return '\r';
+            case 't': return '\t';
+            case 'f': return '\f';
+            case 'v': return '\v';
+            case '0': return 0;
+            case 'x': return hex(2);
+            case 'u': return hex(4);
+            case 'd': case 'D': case 'w': case 'W': case 's': case 'S': return kMaxCodePoint + 1;
+            default: break;
+        }
+        if (e >= '1' && e <= '9') fail("backreferences are not supported");
+        if (e == 'b' || e == 'B') fail("word boundaries are not supported");
+        if (e < 0x80 && std::isalnum((int)e)) fail(std::string("unsupported escape '\\") + (char)e + "'");
+        return e;  // an escaped punctuation character stands for itself
+    }
+
+    std::string escape_atom(uint32_t& plain) {
+        const uint32_t e = next();
+        const uint32_t c = escaped_char(e);
+        if (c > kMaxCodePoint) return json_char_of_set(class_escape_set((char)e));
+        if (c < 0x20) return json_char_of_set({{c, c}});
+        plain = c;
+        return "";
+    }
+
+    // [...] after its '[': ranges, escapes and class escapes; [^...] negates.
+    CodeSet bracket_class() {
+        const bool negated = take('^');
+        CodeSet set;
+        while (!take(']')) {
+            CodeSet item = class_member();
+            if (at('-') && pos_ + 1 < cps_.size() && cps_[pos_ + 1] != ']') {
+                pos_++;
+                CodeSet hi = class_member();
+                if (item.size() != 1 || hi.size() != 1 || item[0].first != item[0].second || hi[0].first != hi[0].second)
+                    fail("a class escape cannot bound a range");
+                if (hi[0].first < item[0].first) fail("range out of order in character class");
+                item = {{item[0].first, hi[0].first}};
+            }
+            set.insert(set.end(), item.begin(), item.end());
+        }
+        set = normalized(set);
+        return negated ? complement(set) : set;
+    }
+
+    CodeSet class_member() {
+        const uint32_t c = next();
+        if (c != '\\') return {{c, c}};
+        const uint32_t e = next();
+        if (e == 'b') return {{'\b', '\b'}};
+        const uint32_t x = escaped_char(e);
+        return x > kMaxCodePoint ? class_escape_set((char)e) : CodeSet{{x, x}};
+    }
+
+    // Whether a {m}, {m,} or {m,n} quantifier starts at i (otherwise '{' is a plain character).
+    bool quantifier_ahead(size_t i) const {
+        size_t j = i + 1, digits = 0;
+        while (j < cps_.size() && cps_[j] >= '0' && cps_[j] <= '9') { j++; digits++; }
+        if (digits == 0) return false;
+        if (j < cps_.size() && cps_[j] == ',') {
+            j++;
+            while (j < cps_.size() && cps_[j] >= '0' && cps_[j] <= '9') j++;
+        }
+        return j < cps_.size() && cps_[j] == '}';
+    }
+
+    uint32_t read_count() {
+        uint64_t v = 0;
+        while (at_end() == false && cps_[pos_] >= '0' && cps_[pos_] <= '9') {
+            v = v * 10 + (cps_[pos_++] - '0');
+            if (v > kGrammarMaxRepeat) fail("repetition count above " + std::to_string(kGrammarMaxRepeat));
+        }
+        return (uint32_t)v;
+    }
+
+    // A quantifier after an atom, as GBNF ("" when none); a lazy one's '?' changes nothing here.
+    std::string take_quantifier() {
+        std::string q;
+        if (take('*')) q = "*";
+        else if (take('+')) q = "+";
+        else if (take('?')) q = "?";
+        else if (at('{') && quantifier_ahead(pos_)) {
+            pos_++;
+            const uint32_t min = read_count();
+            std::string max = std::to_string(min);
+            if (take(',')) max = at('}') ? "" : std::to_string(read_count());
+            pos_++;  // '}'
+            if (!max.empty() && std::stoul(max) < min) fail("numbers out of order in {} quantifier");
+            q = "{" + std::to_string(min) + (max == std::to_string(min) ? "" : "," + max) + "}";
+        }
+        if (q.empty()) return q;
+        take('?');
+        if (at('*') || at('+') || at('?') || (at('{') && quantifier_ahead(pos_))) fail("nothing to repeat");
+        return q;
+    }
+};
+
+// ---- property names outside a set (additionalProperties next to declared ones) ----------------
+
+// The JSON string of a key that is none of names (llama.cpp's _not_strings): a trie of the names,
+// each node allowing the string to end (unless a name ends there), to continue with a character
+// that leaves the trie, or to follow a child. `any_char` names the rule of one string character.
+class KeyExclusion {
+public:
+    KeyExclusion(const std::vector<std::string>& names, const std::string& any_char) : any_char_(any_char) {
+        nodes_.emplace_back();
+        for (const std::string& name : names) {
+            size_t n = 0;
+            for (size_t off = 0; off < name.size();) {
+                const uint32_t cp = tokenizer_impl::utf8_decode(name, off);
+                auto it = nodes_[n].children.find(cp);
+                if (it == nodes_[n].children.end()) {
+                    it = nodes_[n].children.emplace(cp, nodes_.size()).first;
+                    nodes_.emplace_back();
+                }
+                n = it->second;
+            }
+            nodes_[n].is_name = true;
+        }
+    }
+    std::string rule() const { return "\"\\\"\" " + rest(0) + " \"\\\"\" space"; }
+
+private:
+    struct Node {
+        std::map<uint32_t, size_t> children;
+        bool is_name = false;
+    };
+    std::vector<Node> nodes_;
+    std::string any_char_;
+
+    std::string rest(size_t n) const {
+        const Node& node = nodes_[n];
+        if (node.children.empty()) return any_char_ + "+";
+        std::string alts;
+        CodeSet taken;
+        for (const auto& [cp, child] : node.children) {
+            alts += (alts.empty() ? "" : " | ") + gbnf_literal(json_text_of(cp)) + " " + rest(child);
+            taken.emplace_back(cp, cp);
+        }
+        const std::string other = json_char_of_set(complement(normalized(taken)));
+        alts += " | " + other + " " + any_char_ + "*";
+        return "(" + alts + ")" + (node.is_name ? "" : "?");
+    }
+};
 
 // llama.cpp's primitive rules (common/json-schema-to-grammar.cpp): name, body, dependencies.
 struct PrimitiveRule { const char* name; const char* body; const char* deps; };
@@ -15070,10 +15436,15 @@ private:
         for (const PrimitiveRule& r : kJsonPrimitives) if (name == r.name) return true;
         return false;
     }
-    // A rule name from a schema path: other characters become '-', and primitives' names are kept free.
+    // A rule name from a schema path: each run of other characters becomes '-', and primitives'
+    // names are kept free.
     static std::string rule_key(const std::string& name) {
         std::string key;
-        for (char c : name) key += std::isalnum((unsigned char)c) || c == '-' ? c : '-';
+        for (size_t i = 0; i < name.size(); i++) {
+            const bool word = std::isalnum((unsigned char)name[i]) || name[i] == '-';
+            if (word) key += name[i];
+            else if (i == 0 || std::isalnum((unsigned char)name[i - 1]) || name[i - 1] == '-') key += '-';
+        }
         if (key.empty()) return "root";
         return primitive_name(key) ? key + "-rule" : key;
     }
@@ -15123,11 +15494,11 @@ private:
 
     // item{min,max}, items separated by sep when given (llama.cpp's build_repetition).
     static std::string repetition(const std::string& item, int64_t min, int64_t max, const std::string& sep) {
+        if (max == 0) return "";
         if (!sep.empty()) {
             std::string result = item + " " + repetition("(" + sep + " " + item + ")", min == 0 ? 0 : min - 1, max < 0 ? max : max - 1, "");
             return min == 0 ? "(" + result + ")?" : result;
         }
-        if (max == 0) return "";
         if (min == 0 && max == 1) return item + "?";
         if (max < 0) return item + (min == 0 ? "*" : min == 1 ? "+" : "{" + std::to_string(min) + ",}");
         if (min == max) return item + "{" + std::to_string(min) + "}";
@@ -15136,16 +15507,131 @@ private:
 
     std::string sub_name(const std::string& name, const std::string& part) { return name.empty() ? part : name + "-" + part; }
 
-    // A $ref's rule: visited once under "ref-NAME"; a reference met while it is being visited (a
-    // recursive schema) just names the rule.
+    // A $ref's rule, named from its fragment as llama.cpp does ("#/$defs/node" -> ref-defs-node),
+    // visited once; a reference met while its target is being visited (recursion) names the rule.
+    // The name is held by a placeholder while the target is visited (so no other rule takes it) and
+    // then made an alias of the target's rule.
     std::string resolve_ref(const std::string& ref, int depth) {
+        if (auto it = ref_rules_.find(ref); it != ref_rules_.end()) return it->second;
         const JsonValue* target = lookup_ref(ref);
-        const std::string name = "ref-" + ref.substr(ref.rfind('/') + 1), key = rule_key(name);
-        if (resolving_.count(key) || index_.count(key)) return key;
-        resolving_.insert(key);
-        std::string rule = visit(*target, name, depth + 1);
-        resolving_.erase(key);
-        return rule;
+        const std::string name = add_rule("ref" + ref.substr(1), std::string(1, '\0') + ref);  // no rule's body
+        ref_rules_[ref] = name;
+        const std::string rule = visit(*target, name, depth + 1);
+        rules_[index_[name]].second = rule;
+        return name;
+    }
+
+    // A local reference: a JSON pointer into the schema ("#", "#/$defs/a/properties/b", "~0" and
+    // "~1" escapes, array indices); "#/$defs/NAME" also finds a $defs nested anywhere (llama.cpp
+    // hoists those to the root).
+    const JsonValue* lookup_ref(const std::string& ref) const {
+        if (ref.empty() || ref[0] != '#') fail("only local $ref ('#...') are supported, not '" + ref + "'");
+        const JsonValue* at = &root_;
+        for (size_t b = 1; at && b < ref.size();) {
+            if (ref[b] != '/') fail("bad $ref '" + ref + "'");
+            size_t e = ref.find('/', b + 1);
+            if (e == std::string::npos) e = ref.size();
+            std::string token;
+            for (size_t i = b + 1; i < e; i++) {
+                if (ref[i] == '~' && i + 1 < e && (ref[i + 1] == '0' || ref[i + 1] == '1')) token += ref[++i] == '0' ? '~' : '/';
+                else token += ref[i];
+            }
+            if (at->kind == JsonValue::Array) {
+                char* end = nullptr;
+                const unsigned long i = std::strtoul(token.c_str(), &end, 10);
+                at = !token.empty() && *end == 0 && i < at->items.size() ? &at->items[i] : nullptr;
+            } else {
+                at = at->get(token);
+            }
+            b = e;
+        }
+        const std::string defs = "#/$defs/";
+        if (!at && ref.compare(0, defs.size(), defs) == 0 && ref.find('/', defs.size()) == std::string::npos)
+            at = nested_def(root_, ref.substr(defs.size()), 0);
+        if (!at) fail("unresolved $ref '" + ref + "'");
+        return at;
+    }
+
+    // The first definition `name` of a $defs anywhere in v (document order).
+    static const JsonValue* nested_def(const JsonValue& v, const std::string& name, int depth) {
+        if (depth > 64) return nullptr;
+        if (const JsonValue* defs = v.kind == JsonValue::Object ? v.get("$defs") : nullptr)
+            if (const JsonValue* d = defs->get(name)) return d;
+        for (const JsonValue& x : v.items) if (const JsonValue* d = nested_def(x, name, depth + 1)) return d;
+        for (const auto& m : v.members) if (const JsonValue* d = nested_def(m.second, name, depth + 1)) return d;
+        return nullptr;
+    }
+
+    // The body of a string's rule: pattern, then a format (uuid, uuid1-5, date, time, date-time; others
+    // are plain strings), then minLength/maxLength.
+    std::string string_rule(const JsonValue& s) {
+        if (const JsonValue* p = s.get("pattern")) {
+            if (p->kind != JsonValue::String) fail("'pattern' must be a string");
+            return "\"\\\"\" (" + PatternConverter(p->text, primitive("char")).convert() + ") \"\\\"\" space";
+        }
+        if (const JsonValue* f = s.get("format")) {
+            const std::string& name = f->text;
+            if (name == "date" || name == "time" || name == "date-time") return primitive(name + "-string");
+            if (name == "uuid" || (name.size() == 5 && name.compare(0, 4, "uuid") == 0 && name[4] >= '1' && name[4] <= '5'))
+                return primitive("uuid");
+        }
+        const int64_t min = get_int(s, "minLength", 0), max = get_int(s, "maxLength", -1);
+        if (min == 0 && max < 0) return primitive("string");
+        if (max >= 0 && max < min) fail("maxLength is below minLength");
+        return "\"\\\"\" " + repetition(primitive("char"), min, max, "") + " \"\\\"\" space";
+    }
+
+    // The least (or greatest) integer a bound admits: x itself, or past it when exclusive.
+    static int64_t integer_bound(const JsonValue& v, const char* key, bool lower, bool exclusive) {
+        if (v.kind != JsonValue::Number) fail(std::string("'") + key + "' must be a number");
+        const double d = std::strtod(v.text.c_str(), nullptr);
+        if (!(std::fabs(d) <= (double)kIntegerBoundLimit)) fail(std::string("'") + key + "' is out of range");
+        const int64_t floor_v = v.integral ? std::strtoll(v.text.c_str(), nullptr, 10) : (int64_t)std::floor(d);
+        const int64_t ceil_v = v.integral ? floor_v : (int64_t)std::ceil(d);
+        if (lower) return exclusive ? floor_v + 1 : ceil_v;
+        return exclusive ? ceil_v - 1 : floor_v;
+    }
+
+    // minimum, maximum, exclusiveMinimum and exclusiveMaximum of an integer (the stricter one where
+    // several bound a side; draft 4's boolean exclusiveMinimum/Maximum makes minimum/maximum strict).
+    static IntegerRange integer_range(const JsonValue& s) {
+        IntegerRange r;
+        auto side = [&](const char* inclusive, const char* exclusive, bool lower, bool& has, int64_t& bound) {
+            const JsonValue* ex = s.get(exclusive);
+            const bool draft4 = ex && ex->kind == JsonValue::Bool;
+            auto tighten = [&](int64_t b) {
+                bound = !has ? b : lower ? std::max(bound, b) : std::min(bound, b);
+                has = true;
+            };
+            if (const JsonValue* in = s.get(inclusive)) tighten(integer_bound(*in, inclusive, lower, draft4 && ex->boolean));
+            if (ex && !draft4) tighten(integer_bound(*ex, exclusive, lower, true));
+        };
+        side("minimum", "exclusiveMinimum", true, r.has_min, r.min);
+        side("maximum", "exclusiveMaximum", false, r.has_max, r.max);
+        if (r.has_min && r.has_max && r.min > r.max) fail("no integer lies within minimum and maximum");
+        return r;
+    }
+
+    // The body of an array's rule: a tuple (prefixItems, or an items array), optionally followed by
+    // more items of an `items` schema; else items{minItems,maxItems}; items false: nothing more.
+    std::string array_rule(const JsonValue& s, const std::string& name, int depth) {
+        const JsonValue* items = s.get("items");
+        const JsonValue* prefix = s.get("prefixItems");
+        if (prefix && prefix->kind != JsonValue::Array) fail("'prefixItems' must be an array");
+        if (!prefix && items && items->kind == JsonValue::Array) std::swap(prefix, items);
+        const bool no_items = items && items->kind == JsonValue::Bool && !items->boolean;
+        std::string body = "\"[\" space ";
+        if (prefix) {
+            for (size_t i = 0; i < prefix->items.size(); i++)
+                body += (i ? " \",\" space " : "") + visit(prefix->items[i], sub_name(name, "tuple-" + std::to_string(i)), depth + 1);
+            if (items && !no_items)
+                body += " ( \",\" space " + visit(*items, sub_name(name, "additional-item"), depth + 1) + " )*";
+            return body + " \"]\" space";
+        }
+        const int64_t min = get_int(s, "minItems", 0), max = no_items ? 0 : get_int(s, "maxItems", -1);
+        if (max >= 0 && max < min) fail(no_items ? "'items' false admits no items but minItems is set" : "maxItems is below minItems");
+        const std::string item = items && !no_items ? visit(*items, sub_name(name, "item"), depth + 1) : primitive("value");
+        return body + repetition(item, min, max, "\",\" space") + " \"]\" space";
     }
 
     std::string object_rule(const JsonValue& s, const std::string& name, int depth) {
@@ -15155,20 +15641,22 @@ private:
             for (const JsonValue& k : r->items) required.insert(k.text);
         }
         std::vector<std::pair<std::string, const JsonValue*>> props;
-        collect_properties(s, props, required);
-        std::vector<std::string> req, opt;
+        collect_properties(s, props, required, depth);
+        std::vector<std::string> req, opt, names;
         std::map<std::string, std::string> kv;
-        std::set<std::string> seen;
         for (const auto& [prop, schema] : props) {
-            if (!seen.insert(prop).second) continue;
+            if (kv.count(prop)) continue;
             const std::string value = visit(*schema, sub_name(name, prop), depth + 1);
-            kv[prop] = add_rule(sub_name(name, prop) + "-kv", gbnf_literal(json_quote_string(prop)) + " space \":\" space " + value);
+            kv[prop] = add_rule(sub_name(name, prop) + "-kv", gbnf_literal(json_quote(prop)) + " space \":\" space " + value);
             (required.count(prop) ? req : opt).push_back(prop);
+            names.push_back(prop);
         }
         const JsonValue* additional = s.get("additionalProperties");
         if (additional && !(additional->kind == JsonValue::Bool && !additional->boolean)) {
             const std::string value = additional->kind == JsonValue::Object ? visit(*additional, sub_name(name, "additional-value"), depth + 1) : primitive("value");
-            kv["*"] = add_rule(sub_name(name, "additional-kv"), primitive("string") + " \":\" space " + value);
+            const std::string key = names.empty() ? primitive("string")
+                                                  : add_rule(sub_name(name, "additional-k"), KeyExclusion(names, primitive("char")).rule());
+            kv["*"] = add_rule(sub_name(name, "additional-kv"), key + " \":\" space " + value);
             opt.push_back("*");
         }
         std::string rule = "\"{\" space ";
@@ -15194,45 +15682,66 @@ private:
         return res;
     }
 
-    // properties of s, and of the objects of its allOf (whose required lists are merged).
-    void collect_properties(const JsonValue& s, std::vector<std::pair<std::string, const JsonValue*>>& props, std::set<std::string>& required) {
+    // A schema behind its $ref (if any).
+    const JsonValue& dereferenced(const JsonValue& s) const {
+        const JsonValue* ref = s.kind == JsonValue::Object ? s.get("$ref") : nullptr;
+        return ref ? *lookup_ref(ref->text) : s;
+    }
+
+    // properties of s, and of the objects of its allOf (whose required lists are merged; the
+    // properties of an allOf member's anyOf alternatives are optional, as llama.cpp's).
+    void collect_properties(const JsonValue& s, std::vector<std::pair<std::string, const JsonValue*>>& props,
+                            std::set<std::string>& required, int depth) {
+        if (depth > 64) fail("nested deeper than 64 levels");
         if (const JsonValue* p = s.get("properties")) {
             if (p->kind != JsonValue::Object) fail("'properties' must be an object");
             for (const auto& [k, v] : p->members) props.emplace_back(k, &v);
         }
-        if (const JsonValue* all = s.get("allOf")) {
-            if (all->kind != JsonValue::Array) fail("'allOf' must be an array");
-            for (const JsonValue& part : all->items) {
-                const JsonValue* target = &part;
-                if (const JsonValue* ref = part.get("$ref")) target = lookup_ref(ref->text);
-                if (const JsonValue* r = target->get("required"))
-                    for (const JsonValue& k : r->items) required.insert(k.text);
-                collect_properties(*target, props, required);
+        const JsonValue* all = s.get("allOf");
+        if (!all) return;
+        if (all->kind != JsonValue::Array) fail("'allOf' must be an array");
+        for (const JsonValue& part : all->items) {
+            const JsonValue& target = dereferenced(part);
+            if (const JsonValue* r = target.get("required"))
+                for (const JsonValue& k : r->items) required.insert(k.text);
+            collect_properties(target, props, required, depth + 1);
+            if (const JsonValue* any = target.get("anyOf")) {
+                std::set<std::string> optional;  // their required lists do not apply to the whole
+                for (const JsonValue& alt : any->items) collect_properties(dereferenced(alt), props, optional, depth + 1);
             }
         }
     }
 
-    const JsonValue* lookup_ref(const std::string& ref) const {
-        for (const char* prefix : {"#/$defs/", "#/definitions/"}) {
-            const std::string pre = prefix;
-            if (ref.compare(0, pre.size(), pre) != 0) continue;
-            const JsonValue* defs = root_.get(pre == "#/$defs/" ? "$defs" : "definitions");
-            if (const JsonValue* t = defs ? defs->get(ref.substr(pre.size())) : nullptr) return t;
+    // allOf of enums: the values every member admits, in the first one's order ("" if some member
+    // has no enum).
+    std::string enum_intersection(const JsonValue& all) {
+        std::vector<const JsonValue*> enums;
+        if (all.items.empty()) return "";
+        for (const JsonValue& part : all.items) {
+            const JsonValue* e = dereferenced(part).get("enum");
+            if (!e || e->kind != JsonValue::Array) return "";
+            enums.push_back(e);
         }
-        fail("unresolved $ref '" + ref + "'");
+        std::string body;
+        for (const JsonValue& v : enums.empty() ? std::vector<JsonValue>() : enums[0]->items) {
+            const std::string text = json_dump(v);
+            bool everywhere = true;
+            for (const JsonValue* e : enums) {
+                bool found = false;
+                for (const JsonValue& w : e->items) found = found || json_dump(w) == text;
+                everywhere = everywhere && found;
+            }
+            if (everywhere) body += (body.empty() ? "" : " | ") + gbnf_literal(text);
+        }
+        if (body.empty()) fail("the allOf enums have no value in common");
+        return "(" + body + ") space";
     }
 
-    // The body of a string's rule.
-    std::string string_rule(const JsonValue& s) {
-        if (s.get("pattern")) fail("'pattern' is not supported");
-        if (const JsonValue* f = s.get("format")) {
-            if (f->text == "date" || f->text == "time" || f->text == "date-time") return primitive(f->text + "-string");
-            if (f->text == "uuid") return primitive("uuid");
-        }
-        const int64_t min = get_int(s, "minLength", 0), max = get_int(s, "maxLength", -1);
-        if (min == 0 && max < 0) return primitive("string");
-        if (max >= 0 && max < min) fail("maxLength is below minLength");
-        return "\"\\\"\" " + repetition(primitive("char"), min, max, "") + " \"\\\"\" space";
+    std::string enum_rule(const JsonValue& e) {
+        if (e.kind != JsonValue::Array || e.items.empty()) fail("'enum' must be a non-empty array");
+        std::string body = "(";
+        for (size_t i = 0; i < e.items.size(); i++) body += (i ? " | " : "") + gbnf_literal(json_dump(e.items[i]));
+        return body + ") space";
     }
 
     std::string visit(const JsonValue& s, const std::string& name, int depth) {
@@ -15256,12 +15765,7 @@ private:
             return add_rule(rule_name, body);
         }
         if (const JsonValue* c = s.get("const")) return add_rule(rule_name, gbnf_literal(json_dump(*c)) + " space");
-        if (const JsonValue* e = s.get("enum")) {
-            if (e->kind != JsonValue::Array || e->items.empty()) fail("'enum' must be a non-empty array");
-            std::string body = "(";
-            for (size_t i = 0; i < e->items.size(); i++) body += (i ? " | " : "") + gbnf_literal(json_dump(e->items[i]));
-            return add_rule(rule_name, body + ") space");
-        }
+        if (const JsonValue* e = s.get("enum")) return add_rule(rule_name, enum_rule(*e));
         const JsonValue* type = s.get("type");
         if (type && type->kind == JsonValue::Array) {
             std::string body;
@@ -15275,23 +15779,18 @@ private:
         }
         const std::string t = type ? type->text : "";
         if (type && type->kind != JsonValue::String) fail("'type' must be a string or an array");
-        if ((t.empty() || t == "object") && (s.get("properties") || s.get("allOf") || (s.get("additionalProperties") && !(s.get("additionalProperties")->kind == JsonValue::Bool && s.get("additionalProperties")->boolean))))
+        if (const JsonValue* all = s.get("allOf"); all && all->kind == JsonValue::Array && (t.empty() || t == "string")) {
+            const std::string body = enum_intersection(*all);
+            if (!body.empty()) return add_rule(rule_name, body);
+        }
+        const JsonValue* additional = s.get("additionalProperties");
+        if ((t.empty() || t == "object") && (s.get("properties") || s.get("allOf") || (additional && !(additional->kind == JsonValue::Bool && additional->boolean))))
             return add_rule(rule_name, object_rule(s, name, depth));
         if (t == "object") return add_rule(rule_name, primitive("object"));
-        if (t == "array" || (t.empty() && s.get("items"))) {
-            const JsonValue* items = s.get("items");
-            const int64_t min = get_int(s, "minItems", 0), max = get_int(s, "maxItems", -1);
-            if (max >= 0 && max < min) fail("maxItems is below minItems");
-            if (const JsonValue* prefix = s.get("prefixItems")) {
-                std::string body = "\"[\" space ";
-                for (size_t i = 0; i < prefix->items.size(); i++)
-                    body += (i ? " \",\" space " : "") + visit(prefix->items[i], sub_name(name, "tuple-" + std::to_string(i)), depth + 1);
-                return add_rule(rule_name, body + " \"]\" space");
-            }
-            const std::string item = items ? visit(*items, sub_name(name, "item"), depth + 1) : primitive("value");
-            return add_rule(rule_name, "\"[\" space " + repetition(item, min, max, "\",\" space") + " \"]\" space");
-        }
-        if (t == "string") return add_rule(rule_name, string_rule(s));
+        if (t == "array" || (t.empty() && (s.get("items") || s.get("prefixItems")))) return add_rule(rule_name, array_rule(s, name, depth));
+        if (t == "string" || (t.empty() && (s.get("pattern") || s.get("format")))) return add_rule(rule_name, string_rule(s));
+        if (t == "integer" && (s.get("minimum") || s.get("maximum") || s.get("exclusiveMinimum") || s.get("exclusiveMaximum")))
+            return add_rule(rule_name, "(" + integer_range_rule(integer_range(s)) + ") space");
         if (t == "integer" || t == "number" || t == "boolean" || t == "null") return add_rule(rule_name, primitive(t));
         if (t.empty()) return add_rule(rule_name, primitive("value"));
         fail("unsupported type '" + t + "'");
@@ -15300,13 +15799,19 @@ private:
     const JsonValue& root_;
     std::vector<std::pair<std::string, std::string>> rules_;  // in creation order
     std::map<std::string, size_t> index_;
-    std::set<std::string> resolving_;
+    std::map<std::string, std::string> ref_rules_;  // $ref -> its rule's name
 };
 
 } // namespace simpl
 
 std::string json_schema_to_grammar(const std::string& schema_json) {
-    const simpl::JsonValue schema = simpl::JsonReader(schema_json).read_document();
+    simpl::JsonValueBuilder builder;
+    simpl::JsonValue schema;
+    try {
+        schema = chat_detail::JsonReader<simpl::JsonValueBuilder>(schema_json, builder, 64, 1u << 20).read_document();
+    } catch (const Error& e) {
+        throw Error(std::string("json_schema: invalid JSON (") + e.what() + ")");
+    }
     std::string gbnf = simpl::SchemaConverter(schema).convert();
     Grammar check(gbnf);  // the converter's output must itself be a valid grammar
     (void)check;

@@ -1,10 +1,12 @@
 // GBNF grammars (parser, matcher, vocabulary masking) and the JSON-schema converter.
 #include <doctest/doctest.h>
 
+#include <regex>
 #include <random>
 #include <string>
 
 #include "../llm.hpp"
+#include "server_util.hpp"
 
 namespace {
 
@@ -209,8 +211,291 @@ TEST_CASE("json_schema: invalid schemas are errors with a clear message") {
     CHECK(error(R"({"type": "strin"})").find("unsupported type 'strin'") != std::string::npos);
     CHECK(error(R"({"$ref": "#/$defs/missing"})").find("unresolved $ref") != std::string::npos);
     CHECK(error(R"({"type": "array", "minItems": 3, "maxItems": 1})").find("maxItems") != std::string::npos);
-    CHECK(error(R"({"type": "string", "pattern": "^a+$"})").find("pattern") != std::string::npos);
+    CHECK(error(R"({"type": "string", "pattern": "^(?=a)$"})").find("pattern: lookaround") != std::string::npos);
     CHECK(error("[1, 2]").find("must be an object") != std::string::npos);
-    CHECK(error(std::string(100, '[') + std::string(100, ']')).find("deeper than 64") != std::string::npos);
+    CHECK(error(std::string(100, '[') + std::string(100, ']')).find("nested more than 64 deep") != std::string::npos);
     CHECK(error("").find("json_schema:") == 0);
+}
+
+namespace {
+
+bool schema_accepts(const std::string& schema, const std::string& doc) {
+    return llm::Grammar(llm::json_schema_to_grammar(schema)).matches(doc);
+}
+
+std::string schema_error(const std::string& schema) {
+    try {
+        llm::json_schema_to_grammar(schema);
+    } catch (const llm::Error& e) {
+        return e.what();
+    }
+    return "";
+}
+
+}  // namespace
+
+TEST_CASE("json_schema: integer minimum/maximum accept exactly the integers in range") {
+    struct Case { const char* bounds; long long lo, hi; };  // hi/lo beyond +-10^6: open
+    const long long kOpen = 1000000;
+    const Case cases[] = {
+        {R"("minimum": 0, "maximum": 0)", 0, 0},           {R"("minimum": -5, "maximum": 123)", -5, 123},
+        {R"("minimum": 1, "maximum": 9)", 1, 9},           {R"("minimum": 10, "maximum": 99)", 10, 99},
+        {R"("minimum": 0, "maximum": 1000)", 0, 1000},     {R"("minimum": -1000, "maximum": -1)", -1000, -1},
+        {R"("minimum": -999, "maximum": -100)", -999, -100}, {R"("minimum": 7, "maximum": 7)", 7, 7},
+        {R"("minimum": -1, "maximum": 1)", -1, 1},         {R"("minimum": 13, "maximum": 987)", 13, 987},
+        {R"("minimum": 100, "maximum": 199)", 100, 199},   {R"("minimum": 101, "maximum": 1099)", 101, 1099},
+        {R"("minimum": -210, "maximum": 345)", -210, 345}, {R"("minimum": 0)", 0, kOpen},
+        {R"("minimum": 1)", 1, kOpen},                     {R"("minimum": -12)", -12, kOpen},
+        {R"("minimum": 250)", 250, kOpen},                 {R"("maximum": 0)", -kOpen, 0},
+        {R"("maximum": -3)", -kOpen, -3},                  {R"("maximum": 77)", -kOpen, 77},
+        {R"("maximum": -250)", -kOpen, -250},              {R"("exclusiveMinimum": 0)", 1, kOpen},
+        {R"("exclusiveMaximum": 10)", -kOpen, 9},          {R"("minimum": 1.5, "maximum": 2.5)", 2, 2},
+        {R"("exclusiveMinimum": 1.5, "exclusiveMaximum": 9.0)", 2, 8},
+        {R"("minimum": 5, "exclusiveMinimum": true, "maximum": 9, "exclusiveMaximum": true)", 6, 8},  // draft 4
+        {R"("minimum": 3, "exclusiveMinimum": 5, "maximum": 40, "exclusiveMaximum": 50)", 6, 40},   // the stricter
+    };
+    int checked = 0;
+    for (const Case& c : cases) {
+        const llm::Grammar g(llm::json_schema_to_grammar(std::string(R"({"type": "integer", )") + c.bounds + "}"));
+        for (long long n = -1300; n <= 1300; n++) {
+            const bool in = n >= c.lo && n <= c.hi;
+            if (g.matches(std::to_string(n)) != in) FAIL_CHECK(c.bounds << ": " << n << (in ? " rejected" : " accepted"));
+            checked++;
+        }
+        for (long long n : {-999999999999999LL, -54321LL, 54321LL, 12345678LL, 999999999999999LL}) {  // open ends reach 16 digits
+            const bool in = (n >= c.lo || c.lo == -kOpen) && (n <= c.hi || c.hi == kOpen);
+            CHECK_MESSAGE(g.matches(std::to_string(n)) == in, c.bounds, " ", n);
+        }
+        CHECK_FALSE(g.matches("-0"));
+        CHECK_FALSE(g.matches("01"));
+        CHECK_FALSE(g.matches("1.0"));
+    }
+    CHECK(checked == 27 * 2601);
+    CHECK(schema_accepts(R"({"type": "integer", "minimum": 0})", "1234567890123456"));
+    CHECK_FALSE(schema_accepts(R"({"type": "integer", "minimum": 0})", "12345678901234567"));  // 16 digits, as integral-part
+    CHECK(schema_accepts(R"({"type": "integer", "minimum": 99999999999999999})", "99999999999999999"));
+    CHECK(schema_accepts(R"({"type": "integer", "minimum": -900000000000000000, "maximum": 900000000000000000})", "-123"));
+    CHECK(schema_accepts(R"({"type": "object", "properties": {"n": {"type": "integer", "minimum": 1, "maximum": 12}}})", R"({"n": 12})"));
+    CHECK_FALSE(schema_accepts(R"({"type": "object", "properties": {"n": {"type": "integer", "minimum": 1, "maximum": 12}}})", R"({"n": 13})"));
+    CHECK(schema_error(R"({"type": "integer", "minimum": 5, "maximum": 4})").find("no integer lies within") != std::string::npos);
+    CHECK(schema_error(R"({"type": "integer", "exclusiveMinimum": 1, "exclusiveMaximum": 2})").find("no integer") != std::string::npos);
+    CHECK(schema_error(R"({"type": "integer", "minimum": "5"})").find("'minimum' must be a number") != std::string::npos);
+    CHECK(schema_error(R"({"type": "integer", "maximum": 1e30})").find("'maximum' is out of range") != std::string::npos);
+}
+
+namespace {
+
+// Random strings over the characters of a pattern's alphabet, checked against std::regex's
+// ECMAScript search (what JSON Schema validators do): the grammar must accept exactly those, written
+// as JSON strings.
+int compare_with_regex(const std::string& pattern, const std::string& alphabet, const std::vector<std::string>& examples,
+                       uint32_t seed) {
+    const llm::Grammar g(llm::json_schema_to_grammar(nlohmann::json{{"type", "string"}, {"pattern", pattern}}.dump()));
+    const std::regex re(pattern, std::regex::ECMAScript);
+    std::mt19937 rng(seed);
+    std::vector<std::string> inputs = examples;
+    for (int i = 0; i < 400; i++) {
+        std::string s;
+        for (int n = (int)(rng() % 8); n > 0; n--) s += alphabet[rng() % alphabet.size()];
+        inputs.push_back(s);
+    }
+    int accepted = 0;
+    for (const std::string& s : inputs) {
+        const bool want = std::regex_search(s, re);
+        const bool got = g.matches(nlohmann::json(s).dump());
+        if (want != got) FAIL_CHECK("pattern " << pattern << " on " << nlohmann::json(s).dump() << ": regex " << want << ", grammar " << got);
+        accepted += got;
+    }
+    return accepted;
+}
+
+}  // namespace
+
+TEST_CASE("json_schema: string patterns accept what ECMAScript regexes match") {
+    struct Case { const char* pattern; const char* alphabet; std::vector<std::string> examples; };
+    const Case cases[] = {
+        {R"(^[a-z]+\d{2,3}(-x|y)?$)", "ab19-xyZ", {"ab12", "z999-x", "q10y", "ab1", "ab1234", "Ab12"}},
+        {R"(^\d{3}-\d{4}$)", "0129-a", {"555-1234", "55-1234", "555-12345"}},
+        {R"(ab|^c)", "abcx", {"xxab", "cx", "xc"}},
+        {R"(^(?:a|bc)*d?$)", "abcd", {"", "abcad", "abd", "bcbc", "b"}},
+        {R"(^[^a-c]{1,3}$)", "abcxy\"\\\t", {"x", "xyz", "wxyz", "\"\\", "\t"}},
+        {R"(x.y)", "xy\n\"\\.", {"x.y", "x\ny", "x\"y", "x\\y", "xxyy"}},
+        {R"(^\w+@\w+\.com$)", "ab_@.comx", {"a_1@b.com", "a@b.co", "@b.com", "a@b_com"}},
+        {R"(^\s*[+-]?\d+(\.\d+)?\s*$)", " \t+-12.5x", {" -12.5 ", "+3", "1.", ".5", "\t7\t"}},
+        {R"(^a{2}b{1,}c{0,2}$)", "abc", {"aab", "aabbbcc", "aabccc", "ab"}},
+        {R"(^[\]\-\\]+$)", "]-\\a", {"]", "-\\]", "a"}},
+        {R"(^a"b\\c$)", "a\"b\\c", {"a\"b\\c", "a\"bc"}},
+        {R"(^(a|b)?$)", "abc", {"", "a", "ab"}},
+        {R"(^$)", "a", {"", "a"}},
+        {R"(^.{3}$)", "ab\n", {"abc", "ab", "a\nb"}},
+        {R"(^\D\W\S$)", "a1 -", {"a-1", "1a-", "a -"}},
+        {R"(^a*?b+?$)", "ab", {"aabb", "b", "a"}},
+        {R"(^x{2,}$)", "xy", {"xx", "xxxxx", "x"}},
+        {R"(^\x41\u0042$)", "ABa", {"AB", "ab"}},
+        {R"(^[a-]$|^[-b]$)", "ab-c", {"a", "-", "b", "c"}},
+        {R"(^\.\*\+\?\(\)\[\]\{\}\|\^\$$)", ".*+?()", {".*+?()[]{}|^$"}},
+        {R"(^\t\n\\$)", "\t\n\\a", {"\t\n\\", "\t\n"}},
+        {R"(^(\d{4})-(0[1-9]|1[0-2])$)", "0129-", {"2024-01", "2024-13", "2024-00"}},
+        {R"(^[\s\S]$)", "a \n\t", {"a", " ", "\n", "ab"}},
+        {R"(^(ab|cd)+(e|)$)", "abcde", {"ab", "cdabe", "abe", "e"}},
+    };
+    int accepted = 0;
+    uint32_t seed = 1;
+    for (const Case& c : cases) accepted += compare_with_regex(c.pattern, c.alphabet, c.examples, seed++);
+    CHECK(accepted > 300);  // the cases exercise acceptance, not only rejection
+    // Characters beyond ASCII, '{' as a character, and a pattern without anchors (a search).
+    const std::string uni = R"({"type": "string", "pattern": "^é+[α-ω]?😀$"})";
+    CHECK(schema_accepts(uni, "\"ééβ😀\""));
+    CHECK(schema_accepts(uni, "\"é😀\""));
+    CHECK_FALSE(schema_accepts(uni, "\"eβ😀\""));
+    CHECK_FALSE(schema_accepts(uni, "\"éβγ😀\""));
+    CHECK(schema_accepts(R"({"type": "string", "pattern": "^a{b}$"})", "\"a{b}\""));
+    CHECK(schema_accepts(R"({"type": "string", "pattern": "^(?<year>[0-9]{4})-(?:0[1-9]|1[0-2])$"})", "\"2024-12\""));
+    CHECK_FALSE(schema_accepts(R"({"type": "string", "pattern": "^(?<year>[0-9]{4})-(?:0[1-9]|1[0-2])$"})", "\"2024-13\""));
+    CHECK(schema_accepts(R"({"type": "string", "pattern": "b+"})", R"("aaabbbccc")"));
+    CHECK_FALSE(schema_accepts(R"({"type": "string", "pattern": "b+"})", R"("aaaccc")"));
+    CHECK(schema_accepts(R"({"pattern": "^[0-9]+$"})", R"("42")"));  // no type: a string by its pattern
+    CHECK_FALSE(schema_accepts(R"({"pattern": "^[0-9]+$"})", "42"));
+}
+
+TEST_CASE("json_schema: unsupported or malformed patterns are errors naming the construct") {
+    const std::pair<const char*, const char*> cases[] = {
+        {"^(?=a)b$", "lookaround assertions are not supported"}, {"^(?!a)b$", "lookaround"},
+        {"^(?<=a)b$", "lookaround"},                              {"^(a)\\\\1$", "backreferences are not supported"},
+        {"^\\\\bword$", "word boundaries are not supported"},     {"^a**$", "nothing to repeat"},
+        {"^*a$", "nothing to repeat"},                            {"^{2}a$", "nothing to repeat"},
+        {"^(ab", "unbalanced '('"},                               {"^a)$", "unbalanced ')'"},
+        {"^[ab$", "unexpected end"},                              {"^a{3,2}$", "numbers out of order"},
+        {"^a$b", "only supported at the ends"},                           {"a^b", "only supported at the ends"},
+        {"^\\\\p{L}$", "unsupported escape '\\p'"},             {"^[z-a]$", "range out of order"},
+        {"^a{99999}$", "repetition count above"},                 {"^[\\\\d-z]$", "a class escape cannot bound a range"},
+        {"^\\\\x4$", "expected 2 hex digits"},                    {"^[\\\\x01]$", "only control characters"},
+    };
+    for (const auto& [pattern, needle] : cases) {
+        const std::string err = schema_error(std::string(R"({"type": "string", "pattern": ")") + pattern + "\"}");
+        CHECK_MESSAGE(err.find("json_schema: pattern: ") == 0, std::string(pattern), " -> ", err);
+        CHECK_MESSAGE(err.find(needle) != std::string::npos, std::string(pattern), " -> ", err);
+    }
+    CHECK(schema_error(R"({"type": "string", "pattern": 5})").find("'pattern' must be a string") != std::string::npos);
+    CHECK(schema_error(std::string(R"({"type": "string", "pattern": ")") + std::string(5000, 'a') + "\"}").find("longer than 4096") != std::string::npos);
+    CHECK(schema_error(std::string(R"({"type": "string", "pattern": ")") + std::string(70, '(') + std::string(70, ')') + "\"}").find("nested deeper than 64") != std::string::npos);
+}
+
+TEST_CASE("json_schema: sampling under a pattern's grammar gives strings the regex matches") {
+    const char* patterns[] = {R"(^[A-Z][a-z]{2,6} \d{2}$)", R"(^(red|green|blue)-[0-9a-f]{4}$)", R"(^\w{1,8}@\w{1,8}\.(com|org)$)"};
+    uint64_t seed = 11;
+    for (const char* pattern : patterns) {
+        const std::string gbnf = llm::json_schema_to_grammar(nlohmann::json{{"type", "string"}, {"pattern", pattern}}.dump());
+        bool done = false;
+        const std::string text = generate(gbnf, seed++, 80, &done);
+        REQUIRE_MESSAGE(done, std::string(pattern), " -> ", text);
+        const nlohmann::json doc = nlohmann::json::parse(text, nullptr, false);
+        REQUIRE_MESSAGE(doc.is_string(), text);
+        CHECK_MESSAGE(std::regex_search(doc.get<std::string>(), std::regex(pattern)), std::string(pattern), " -> ", text);
+    }
+}
+
+TEST_CASE("json_schema: llama.cpp's other keywords: $ref pointers, tuples, formats, allOf, extra keys, literals") {
+    // Extra keys (additionalProperties next to properties) are never one of the declared names.
+    const std::string extra = R"({"type": "object", "properties": {"a": {"type": "integer"}, "ab": {"type": "integer"}},
+                                  "additionalProperties": {"type": "integer"}})";
+    CHECK(schema_accepts(extra, R"({"a": 1, "abc": 2, "b": 3, "": 4})"));
+    CHECK(schema_accepts(extra, R"({"ab": 1, "a\"": 2, "x": 3})"));
+    CHECK_FALSE(schema_accepts(extra, R"({"a": 1, "a": 2})"));
+    CHECK_FALSE(schema_accepts(extra, R"({"x": 1, "ab": 2})"));
+    CHECK_FALSE(schema_accepts(extra, R"({"a": 1, "x": "s"})"));
+    CHECK(schema_accepts(R"({"type": "object", "additionalProperties": false})", "{}"));
+    CHECK_FALSE(schema_accepts(R"({"type": "object", "additionalProperties": false})", R"({"a": 1})"));
+    // $ref: JSON pointers anywhere in the document, escapes, array indices, the root, nested $defs.
+    const std::string refs = R"({
+        "properties": {"a/b": {"type": "integer", "minimum": 1}, "list": {"type": "array", "items": [{"type": "null"}, {"const": 7}]}},
+        "required": ["x", "y", "z", "w"],
+        "additionalProperties": false,
+        "allOf": [{"properties": {"x": {"$ref": "#/properties/a~1b"}, "y": {"$ref": "#/properties/list/items/1"},
+                                  "z": {"$ref": "#/$defs/hidden"}, "w": {"anyOf": [{"type": "null"}, {"$ref": "#"}]}},
+                   "required": ["x", "y", "z", "w"]}],
+        "$comment": {"$defs": {"hidden": {"type": "boolean"}}}
+    })";
+    CHECK(schema_accepts(refs, R"({"x": 3, "y": 7, "z": true, "w": null})"));
+    CHECK(schema_accepts(refs, R"({"x": 3, "y": 7, "z": true, "w": {"x": 1, "y": 7, "z": false, "w": null}})"));
+    CHECK_FALSE(schema_accepts(refs, R"({"x": 0, "y": 7, "z": true, "w": null})"));
+    CHECK_FALSE(schema_accepts(refs, R"({"x": 3, "y": 8, "z": true, "w": null})"));
+    CHECK_FALSE(schema_accepts(refs, R"({"x": 3, "y": 7, "z": 1, "w": null})"));
+    CHECK(schema_error(R"({"$ref": "#/properties/nope"})").find("unresolved $ref '#/properties/nope'") != std::string::npos);
+    CHECK(schema_error(R"({"$ref": "https://example.com/s.json"})").find("only local $ref") != std::string::npos);
+    // Tuples: the items array form, prefixItems with items false or an items schema for the rest.
+    CHECK(schema_accepts(R"({"items": [{"type": "integer"}, {"type": "string"}]})", R"([1, "a"])"));
+    CHECK_FALSE(schema_accepts(R"({"items": [{"type": "integer"}, {"type": "string"}]})", R"([1, "a", 2])"));
+    const std::string rest = R"({"type": "array", "prefixItems": [{"type": "integer"}], "items": {"type": "string"}})";
+    CHECK(schema_accepts(rest, R"([1, "a", "b"])"));
+    CHECK(schema_accepts(rest, "[1]"));
+    CHECK_FALSE(schema_accepts(rest, "[1, 2]"));
+    CHECK(schema_accepts(R"({"prefixItems": [{"type": "null"}], "items": false})", "[null]"));
+    CHECK_FALSE(schema_accepts(R"({"prefixItems": [{"type": "null"}], "items": false})", "[null, null]"));
+    CHECK(schema_accepts(R"({"type": "array", "items": false})", "[]"));
+    CHECK_FALSE(schema_accepts(R"({"type": "array", "items": false})", "[1]"));
+    CHECK(schema_accepts(R"({"type": "array", "items": true, "maxItems": 2})", R"([1, {}])"));
+    // Formats: uuid1-5 as uuid, and a format without a type; unknown formats are plain strings.
+    const std::string uuid = "\"123e4567-e89b-12d3-a456-426614174000\"";
+    CHECK(schema_accepts(R"({"type": "string", "format": "uuid4"})", uuid));
+    CHECK(schema_accepts(R"({"format": "uuid"})", uuid));
+    CHECK_FALSE(schema_accepts(R"({"format": "uuid"})", "\"123e4567\""));
+    CHECK(schema_accepts(R"({"format": "time"})", "\"10:20:30.123+02:00\""));
+    CHECK_FALSE(schema_accepts(R"({"format": "time"})", "\"25:20:30Z\""));
+    CHECK(schema_accepts(R"({"type": "string", "format": "email"})", "\"not checked\""));
+    // minLength/maxLength count characters (not bytes), escapes as one.
+    CHECK(schema_accepts(R"({"type": "string", "minLength": 2, "maxLength": 3})", "\"é😀\""));
+    CHECK(schema_accepts(R"({"type": "string", "minLength": 2, "maxLength": 3})", R"("\n\"x")"));
+    CHECK_FALSE(schema_accepts(R"({"type": "string", "minLength": 2, "maxLength": 3})", "\"é\""));
+    // allOf: enums intersect; an anyOf member's properties are optional.
+    CHECK(schema_accepts(R"({"allOf": [{"enum": ["a", "b", 3]}, {"enum": [3, "b"]}]})", "\"b\""));
+    CHECK(schema_accepts(R"({"allOf": [{"enum": ["a", "b", 3]}, {"enum": [3, "b"]}]})", "3"));
+    CHECK_FALSE(schema_accepts(R"({"allOf": [{"enum": ["a", "b", 3]}, {"enum": [3, "b"]}]})", "\"a\""));
+    CHECK(schema_error(R"({"allOf": [{"enum": ["a"]}, {"enum": ["b"]}]})").find("no value in common") != std::string::npos);
+    const std::string mixed = R"({"allOf": [{"properties": {"id": {"type": "integer"}}, "required": ["id"]},
+                                            {"anyOf": [{"properties": {"name": {"type": "string"}}, "required": ["name"]}]}]})";
+    CHECK(schema_accepts(mixed, R"({"id": 1})"));
+    CHECK(schema_accepts(mixed, R"({"id": 1, "name": "n"})"));
+    CHECK_FALSE(schema_accepts(mixed, R"({"name": "n"})"));
+    // const and enum are generated as written (number literals kept); a repeated key keeps the last value.
+    CHECK(schema_accepts(R"({"enum": [1.50, 1e2, -0, "x\u00e9\n"]})", "1.50"));
+    CHECK(schema_accepts(R"({"enum": [1.50, 1e2, -0, "x\u00e9\n"]})", "1e2"));
+    CHECK(schema_accepts(R"({"enum": [1.50, 1e2, -0, "x\u00e9\n"]})", "-0"));
+    CHECK(schema_accepts(R"({"enum": [1.50, 1e2, -0, "x\u00e9\n"]})", "\"xé\\n\""));
+    CHECK_FALSE(schema_accepts(R"({"enum": [1.50, 1e2, -0, "x\u00e9\n"]})", "1.5"));
+    CHECK(schema_accepts(R"({"const": {"k": [1.0, true, null]}})", R"({"k":[1.0,true,null]})"));
+    CHECK(schema_accepts(R"({"type": "string", "type": "integer"})", "5"));
+    CHECK_FALSE(schema_accepts(R"({"type": "string", "type": "integer"})", "\"5\""));
+}
+
+TEST_CASE("json_schema: a server request with a pattern and integer bounds answers a document that validates") {
+    using namespace testserver;
+    ServerProcess server(server_cmd({"-np", "1", "-c", "512"}));
+    const json schema = {
+        {"type", "object"},
+        {"properties", {{"city", {{"type", "string"}, {"pattern", "^[A-Z][a-z]{1,15}$"}}},
+                        {"zip", {{"type", "string"}, {"pattern", "^\\d{5}$"}}},
+                        {"population", {{"type", "integer"}, {"minimum", 1000}, {"maximum", 99999999}}},
+                        {"rank", {{"type", "integer"}, {"exclusiveMinimum", 0}, {"maximum", 10}}}}},
+        {"required", {"city", "zip", "population", "rank"}}};
+    for (const char* prompt : {"The largest city in France, as JSON:", "A small town in Germany, as JSON:"}) {
+        Reply r = post(server.port, "/completion", {{"prompt", prompt}, {"n_predict", 96}, {"temperature", 0}, {"json_schema", schema}});
+        REQUIRE_MESSAGE(r.status == 200, r.raw);
+        const std::string text = r.body["content"];
+        CHECK(r.body["stop_type"] == "eos");
+        const json doc = json::parse(text, nullptr, false);
+        REQUIRE_MESSAGE(doc.is_object(), text);
+        CHECK(doc.size() == 4);
+        CHECK_MESSAGE(std::regex_match(doc["city"].get<std::string>(), std::regex("[A-Z][a-z]{1,15}")), text);
+        CHECK_MESSAGE(std::regex_match(doc["zip"].get<std::string>(), std::regex("\\d{5}")), text);
+        const long long population = doc["population"], rank = doc["rank"];
+        CHECK_MESSAGE((population >= 1000 && population <= 99999999), text);
+        CHECK_MESSAGE((rank >= 1 && rank <= 10), text);
+    }
+    Reply bad = post(server.port, "/completion", {{"prompt", "x"}, {"n_predict", 1}, {"json_schema", {{"type", "string"}, {"pattern", "^(?=x)$"}}}});
+    CHECK(bad.status == 400);
+    CHECK_MESSAGE(bad.raw.find("json_schema: pattern: lookaround assertions are not supported") != std::string::npos, bad.raw);
+    Reply empty = post(server.port, "/completion", {{"prompt", "x"}, {"n_predict", 1}, {"json_schema", {{"type", "integer"}, {"minimum", 3}, {"maximum", 2}}}});
+    CHECK(empty.status == 400);
+    CHECK_MESSAGE(empty.raw.find("no integer lies within minimum and maximum") != std::string::npos, empty.raw);
 }
