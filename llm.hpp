@@ -40,8 +40,9 @@
 //                            embeddings and pooling (mean/cls/last/rank head)
 //  16. Memory planning       KV bytes per token, the --plan calculator
 //  17. Sampling              llama.cpp's chain (logit bias, penalties, DRY, top-n-sigma, top-k, typical,
-//                            top-p, min-p, XTC, (dynamic) temperature, mirostat), GBNF grammars, JSON
-//                            schemas as grammars (integer ranges, regex patterns, excluded keys)
+//                            top-p, min-p, XTC, (dynamic) temperature, mirostat), GBNF grammars
+//                            (lazy ones started by a trigger word, for tool calls), JSON schemas as
+//                            grammars (integer ranges, regex patterns, excluded keys)
 //  18. Evaluation            perplexity and KL divergence
 //  19. Speculative decoding  prompt lookup (n-gram drafts), the draft model and its vocabulary check
 #ifndef LLM_HPP
@@ -516,6 +517,10 @@ struct ChatParseOptions {
     ToolCallFormat format = ToolCallFormat::None;
     bool extract_reasoning = true;  // false (--reasoning-format none): thinking stays in content
     bool thinking_open = false;     // the prompt ended inside a thinking block (e.g. "<think>\n")
+    // XML formats (Qwen3-Coder, GLM): each tool's parameters whose declared schema is a string keep
+    // their text as a JSON string; other values are parsed as JSON (text that does not parse stays a
+    // string), as llama.cpp's parser types them from the declared schema.
+    std::map<std::string, std::vector<std::string>> string_parameters;
 };
 
 // Whole output at once (the final result of a non-streamed completion).
@@ -827,6 +832,10 @@ struct SamplerParams {
     std::vector<std::pair<int32_t, float>> logit_bias;  // added to the logits; -inf bans a token
     std::vector<SamplerStage> samplers = default_sampler_stages();
     std::string grammar;       // GBNF; generated text must be a sentence of its "root" (needs the vocabulary)
+    // Lazy grammar (llama-server's grammar_lazy, for tool calls): the generated text is free until one
+    // of these words appears in it; the grammar then starts at that word (the text before it stays free).
+    bool grammar_lazy = false;
+    std::vector<std::string> grammar_triggers;
     uint64_t seed = 0xFFFFFFFF;  // 0xFFFFFFFF = random
 };
 
@@ -888,6 +897,8 @@ public:
         float mirostat_mu = 0;
         std::mt19937_64 rng;
         std::shared_ptr<const Grammar::State> grammar;  // null without a grammar
+        bool grammar_waiting = false;                    // a lazy grammar's wait for its trigger
+        std::string trigger_tail;
     };
     Snapshot snapshot() const;
     void restore(const Snapshot& s);
@@ -11375,14 +11386,15 @@ inline std::string arguments_text(const std::string& s, const Member& m) {
     return raw;
 }
 
-// Compact JSON of a tool parameter written as text (XML formats): JSON if it parses, else a string.
-inline std::string parameter_json(const std::string& raw) {
+// Compact JSON of a tool parameter written as text (XML formats): a string when its schema says so,
+// else JSON if it parses, else a string.
+inline std::string parameter_json(const std::string& raw, bool declared_string) {
     std::string text = raw;
     if (starts_with(text, "\n")) text.erase(0, 1);
     if (chat_detail::ends_with(text, "\n")) text.pop_back();
     Value v;
     std::string out;
-    if (!parse_json_quietly(text, v) || v.kind == Kind::String) v = jinja_detail::string_value(text);
+    if (declared_string || !parse_json_quietly(text, v) || v.kind == Kind::String) v = jinja_detail::string_value(text);
     jinja_detail::json_dump(out, v, jinja_detail::JsonStyle{}, 0, SIZE_MAX);
     return out;
 }
@@ -11441,6 +11453,12 @@ struct Parse {
         text = s.substr(pos, at - pos);
         pos = at + end_marker.size();
         return true;
+    }
+
+    // Whether tool `name`'s parameter `key` is declared a string (ChatParseOptions::string_parameters).
+    bool declared_string(const std::string& name, const std::string& key) const {
+        auto it = opt.string_parameters.find(name);
+        return it != opt.string_parameters.end() && std::find(it->second.begin(), it->second.end(), key) != it->second.end();
     }
 
     void add_call(std::string id, std::string name, std::string arguments) {
@@ -11611,7 +11629,7 @@ inline void parse_xml_calls(Parse& p, size_t pos, bool glm) {
                 if (!p.text_until(pos, glm ? "</arg_value>" : "</parameter>", value)) break;
                 std::string member;
                 chat_detail::json_append_string(member, key, false);
-                args += (args.size() > 1 ? ", " : "") + member + ": " + parameter_json(value);
+                args += (args.size() > 1 ? ", " : "") + member + ": " + parameter_json(value, p.declared_string(name, key));
                 continue;
             }
             if (p.stop) break;
@@ -14736,6 +14754,8 @@ struct Sampler::Chain {
     simpl::DryBreakers dry_breakers;
     std::shared_ptr<const Grammar::Rules> grammar;
     Grammar::State grammar_state;
+    bool grammar_waiting = false;  // lazy grammar not triggered yet: nothing is constrained
+    std::string trigger_tail;      // generated text kept while waiting: enough to see a trigger word
     std::vector<std::string> pieces;  // token_to_piece(id, true)
     std::vector<int32_t> by_piece;    // non-empty, non-EOG pieces' tokens, sorted by piece
     simpl::Candidates cands;
@@ -14768,6 +14788,32 @@ void Sampler::reset() {
     rng_.seed(p_.seed == 0xFFFFFFFF ? std::random_device{}() : p_.seed);
     mirostat_mu_ = 2 * p_.mirostat_tau;
     if (chain_->grammar) chain_->grammar_state = simpl::grammar_initial_state(*chain_->grammar);
+    chain_->grammar_waiting = chain_->grammar && p_.grammar_lazy;
+    chain_->trigger_tail.clear();
+}
+
+// A lazy grammar's wait: the piece joins the tail of the text; at the first trigger word the grammar
+// starts there and takes the rest of the tail. If that rest does not fit the grammar (the model wrote
+// the word in passing), the wait goes on after it.
+static void watch_triggers(Sampler::Chain& ch, const std::vector<std::string>& triggers, const std::string& piece) {
+    ch.trigger_tail += piece;
+    size_t at = std::string::npos, longest = 0;
+    for (const std::string& w : triggers) {
+        longest = std::max(longest, w.size());
+        if (!w.empty()) at = std::min(at, ch.trigger_tail.find(w));
+    }
+    if (at != std::string::npos) {
+        Grammar::State st = simpl::grammar_initial_state(*ch.grammar);
+        if (simpl::feed_text(*ch.grammar, st, ch.trigger_tail.substr(at))) {
+            ch.grammar_state = std::move(st);
+            ch.grammar_waiting = false;
+            ch.trigger_tail.clear();
+            return;
+        }
+        ch.trigger_tail.erase(0, at + 1);
+    }
+    // only a suffix that may still begin a trigger word matters
+    if (longest > 0 && ch.trigger_tail.size() >= longest) ch.trigger_tail.erase(0, ch.trigger_tail.size() - (longest - 1));
 }
 
 void Sampler::truncate_history(size_t n) {
@@ -14780,6 +14826,8 @@ Sampler::Snapshot Sampler::snapshot() const {
     s.mirostat_mu = mirostat_mu_;
     s.rng = rng_;
     if (chain_->grammar) s.grammar = std::make_shared<const Grammar::State>(chain_->grammar_state);
+    s.grammar_waiting = chain_->grammar_waiting;
+    s.trigger_tail = chain_->trigger_tail;
     return s;
 }
 
@@ -14789,10 +14837,12 @@ void Sampler::restore(const Snapshot& s) {
     mirostat_mu_ = s.mirostat_mu;
     rng_ = s.rng;
     if (s.grammar) chain_->grammar_state = *s.grammar;
+    chain_->grammar_waiting = s.grammar_waiting;
+    chain_->trigger_tail = s.trigger_tail;
 }
 
 bool Sampler::grammar_accepts_eog() const {
-    if (!chain_->grammar) return true;
+    if (!chain_->grammar || chain_->grammar_waiting) return true;
     for (const auto& s : chain_->grammar_state.stacks) if (s.empty()) return true;
     return false;
 }
@@ -14800,6 +14850,10 @@ bool Sampler::grammar_accepts_eog() const {
 void Sampler::accept(int32_t token, bool accept_grammar) {
     history_.push_back(token);
     if (!chain_->grammar || !accept_grammar || vocab_->is_eog(token)) return;
+    if (chain_->grammar_waiting) {
+        if (token >= 0 && (size_t)token < chain_->pieces.size()) watch_triggers(*chain_, p_.grammar_triggers, chain_->pieces[token]);
+        return;
+    }
     if (token < 0 || (size_t)token >= chain_->pieces.size() ||
         !simpl::feed_text(*chain_->grammar, chain_->grammar_state, chain_->pieces[token]))
         throw Error("grammar: token " + std::to_string(token) + " does not continue the grammar");
@@ -14857,7 +14911,7 @@ int32_t Sampler::sample(const float* logits, int n_vocab) {
     };
     load(nullptr);
     const int32_t token = run();
-    if (!ch.grammar) return token;
+    if (!ch.grammar || ch.grammar_waiting) return token;
     const bool eog_ok = grammar_accepts_eog();
     if (grammar_allows(ch, *vocab_, token, eog_ok)) return token;
     // Rejected: mask the whole vocabulary by the grammar and run the chain again.

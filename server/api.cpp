@@ -8,8 +8,10 @@
 #include <deque>
 #include <functional>
 #include <random>
+#include <tuple>
 
 #include "dialects.hpp"
+#include "tools.hpp"
 #include "util.hpp"
 #include "webui_html.hpp"
 
@@ -859,7 +861,7 @@ json Api::oai_base(const Generation& g, const char* object) const {
 // How a chat's output is parsed: the template's tool-call syntax when tools are offered, reasoning
 // per --reasoning-format, and whether the prompt left a thinking block open; --reasoning-budget's
 // thinking tags for the scheduler.
-void Api::chat_parse_options(const json& b, const std::string& prompt, Generation& g) const {
+void Api::chat_parse_options(const json& b, const std::string& body, const std::string& prompt, Generation& g) const {
     const json* tools = opt_field(b, "tools");
     if (tools && !tools->is_array()) bad_field("tools", "an array of tools");
     const bool offered = tools && !tools->empty() && tool_choice_of(b) != "none";
@@ -868,6 +870,7 @@ void Api::chat_parse_options(const json& b, const std::string& prompt, Generatio
     g.parse.extract_reasoning = o_.srv.reasoning_format != "none";
     g.parse.thinking_open = g.parse.extract_reasoning && llm::chat_prompt_opens_thinking(prompt);
     g.parallel_tool_calls = get_bool(b, "parallel_tool_calls", true);
+    if (offered) constrain_tool_calls(b, body, prompt, g);
     const auto tags = llm::chat_thinking_tags(chat_.source);
     if (o_.srv.reasoning_budget >= 0 && !tags.second.empty()) {
         g.p.reasoning_budget = o_.srv.reasoning_budget;
@@ -876,6 +879,35 @@ void Api::chat_parse_options(const json& b, const std::string& prompt, Generatio
         g.p.think_end = tags.second;
         g.p.think_end_tokens = model_->vocab.tokenize(tags.second, false, true);
     }
+}
+
+// Offered tools: their declared string parameters type the XML formats' values, and (unless the
+// request brings its own grammar) the grammar of the template's call syntax keeps the calls' arguments
+// valid for each tool's schema: lazy for tool_choice "auto", from the first token for "required" or a
+// named function (after the thinking, for reasoning templates), one call without parallel_tool_calls.
+void Api::constrain_tool_calls(const json& b, const std::string& body, const std::string& prompt, Generation& g) const {
+    const nlohmann::ordered_json tools = nlohmann::ordered_json::parse(body).at("tools");  // the client's member order
+    g.parse.string_parameters = string_parameters(tools);
+    if (!g.p.sampling.grammar.empty()) return;
+    ToolChoice choice;
+    const std::string mode = tool_choice_of(b);
+    choice.mode = mode == "required" ? ToolChoice::Required : mode == "function" ? ToolChoice::Function : ToolChoice::Auto;
+    if (choice.mode == ToolChoice::Function) choice.function = b["tool_choice"]["function"]["name"].get<std::string>();
+    choice.parallel = g.parallel_tool_calls;
+    ThinkingSyntax thinking;
+    std::tie(thinking.open, thinking.close) = llm::chat_thinking_tags(chat_.source);
+    thinking.opened = llm::chat_prompt_opens_thinking(prompt);
+    ToolGrammar tg = tool_call_grammar(chat_.tool_format, tools, choice, thinking);
+    if (tg.gbnf.empty()) return;
+    try {
+        llm::Grammar check(tg.gbnf);
+    } catch (const llm::Error& e) {  // the schemas were each valid; their combination should be too
+        log_msg('W', "tool-call grammar not used: %s", e.what());
+        return;
+    }
+    g.p.sampling.grammar = std::move(tg.gbnf);
+    g.p.sampling.grammar_lazy = tg.lazy;
+    g.p.sampling.grammar_triggers = std::move(tg.triggers);
 }
 
 namespace {
@@ -908,8 +940,18 @@ json Api::oai_logprobs(const std::vector<TokenProb>& probs, const TaskParams& p)
     return p.n_probs > 0 ? json{{"content", probs_json(probs, p.post_sampling_probs)}} : json(nullptr);
 }
 
+// The parsed answer for Anthropic's content blocks: one call without parallel tool calls, every call
+// with an id.
+llm::ChatParsed Api::anthropic_answer(const Generation& g, const std::string& text) const {
+    llm::ChatParsed p = llm::chat_parse_output(text, g.parse);
+    if (!g.parallel_tool_calls && p.tool_calls.size() > 1) p.tool_calls.resize(1);
+    for (llm::ChatToolCall& c : p.tool_calls)
+        if (c.id.empty()) c.id = random_id("toolu_");
+    return p;
+}
+
 json Api::whole_response(const Generation& g, const std::vector<Completion>& done) const {
-    if (g.kind == ApiKind::Anthropic) return anthropic_message(g.id, model_id(), done[0].content, done[0].final);
+    if (g.kind == ApiKind::Anthropic) return anthropic_message(g.id, model_id(), anthropic_answer(g, done[0].content), done[0].final);
     if (g.kind == ApiKind::Responses) return response_object(g.id, g.message_id, model_id(), done[0].content, done[0].final);
     if (is_native(g.kind)) {
         json j = json::array();
@@ -1022,9 +1064,20 @@ bool Api::stream_all(const Generation& g, const std::vector<std::shared_ptr<Chan
     // Anthropic's and the Responses API's event sequences keep state across results (one prompt).
     AnthropicStream anthropic(g.id, model_id());
     ResponsesStream responses(g.id, g.message_id, model_id());
+    // Anthropic's tool_use blocks: one call without parallel tool calls, each with an id.
+    auto anthropic_delta = [&](llm::ChatDelta d) {
+        auto excluded = [&](const llm::ChatToolCallDelta& t) { return !g.parallel_tool_calls && t.index > 0; };
+        d.tool_calls.erase(std::remove_if(d.tool_calls.begin(), d.tool_calls.end(), excluded), d.tool_calls.end());
+        for (llm::ChatToolCallDelta& t : d.tool_calls)
+            if (t.first && t.id.empty()) t.id = random_id("toolu_");
+        return d;
+    };
     auto events = [&](const Result& r, int index) {
         const bool last = r.kind == Result::Final;
-        if (g.kind == ApiKind::Anthropic) return last ? anthropic.final(r) : anthropic.partial(r);
+        if (g.kind == ApiKind::Anthropic) {
+            const std::string out = anthropic.partial(r, anthropic_delta(parsers[index]->push(r.text)));
+            return last ? out + anthropic.final(r, anthropic_delta(parsers[index]->finish())) : out;
+        }
         if (g.kind == ApiKind::Responses) return last ? responses.final(r) : responses.partial(r);
         return stream_events(g, r, index, parsers[index].get());
     };
@@ -1069,7 +1122,7 @@ void Api::handle_generate(const http::Request& req, http::Response& res, ApiKind
         // The request's own text keeps its members' order for the template (tojson); a converted
         // dialect's request is re-serialized.
         const std::string prompt = render_chat(b, kind == ApiKind::OaiChat ? req.body : dump(b));
-        chat_parse_options(b, prompt, g);
+        chat_parse_options(b, kind == ApiKind::OaiChat ? req.body : dump(b), prompt, g);
         g.prompts.push_back(tokenize_prompt(prompt));
     } else if (kind == ApiKind::Infill) {
         g.prompts.push_back(infill_prompt(b));

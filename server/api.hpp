@@ -103,7 +103,8 @@ private:
     // The prompt of a chat request; `body` is the raw request (its member order reaches the template).
     std::string render_chat(const json& b, const std::string& body) const;
     std::string render_jinja(const json& b, const std::string& body) const;
-    void chat_parse_options(const json& b, const std::string& prompt, Generation& g) const;
+    void chat_parse_options(const json& b, const std::string& body, const std::string& prompt, Generation& g) const;
+    void constrain_tool_calls(const json& b, const std::string& body, const std::string& prompt, Generation& g) const;
     json chat_message(const Generation& g, const std::string& text, std::string& finish) const;
     std::vector<int32_t> tokenize_prompt(const std::string& text) const;
     void check_prompt_bytes(size_t bytes) const;
@@ -120,6 +121,7 @@ private:
     json oai_base(const Generation& g, const char* object) const;
     json oai_logprobs(const std::vector<TokenProb>& probs, const TaskParams& p) const;
     json whole_response(const Generation& g, const std::vector<Completion>& done) const;
+    llm::ChatParsed anthropic_answer(const Generation& g, const std::string& text) const;
     // parser: the choice's output parser when the chat output is parsed (else null)
     std::string stream_events(const Generation& g, const Result& r, int index, llm::ChatOutputParser* parser) const;
     bool stream_all(const Generation& g, const std::vector<std::shared_ptr<Channel>>& chs, http::Writer& w);

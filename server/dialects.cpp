@@ -48,9 +48,11 @@ std::string sse_event(const char* name, json data) {
     return std::string("event: ") + name + "\ndata: " + data.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n";
 }
 
-// Anthropic's stop_reason: max_tokens when the length limit cut the answer, end_turn otherwise
-// (tool_use once tool calls are parsed).
-const char* anthropic_stop_reason(const Result& r) { return r.stop_type == "limit" ? "max_tokens" : "end_turn"; }
+// Anthropic's stop_reason: tool_use when the answer calls tools, max_tokens when the length limit cut
+// it, end_turn otherwise.
+const char* anthropic_stop_reason(const Result& r, bool called) {
+    return called ? "tool_use" : r.stop_type == "limit" ? "max_tokens" : "end_turn";
+}
 
 json anthropic_stop_sequence(const Result& r) { return r.stopping_word.empty() ? json(nullptr) : json(r.stopping_word); }
 
@@ -86,6 +88,8 @@ void convert_anthropic_blocks(const std::string& role, const json& content, json
                                     {"content", joined_text(block.value("content", json()))}});
         }
     }
+    if (role == "user")  // the results answer the calls of the assistant turn before
+        for (json& t : tool_results) out.push_back(std::move(t));
     if (!parts.empty() || !tool_calls.empty() || !reasoning.empty()) {
         json msg{{"role", role}};
         msg["content"] = parts.empty() ? json("") : parts;
@@ -93,7 +97,8 @@ void convert_anthropic_blocks(const std::string& role, const json& content, json
         if (!reasoning.empty()) msg["reasoning_content"] = reasoning;
         out.push_back(std::move(msg));
     }
-    for (json& t : tool_results) out.push_back(std::move(t));
+    if (role != "user")
+        for (json& t : tool_results) out.push_back(std::move(t));
 }
 
 // An input message's content parts (input_text, input_image) as chat content parts.
@@ -231,10 +236,16 @@ json anthropic_to_chat(const json& body) {
         }
         chat["tools"] = tools;
     }
-    if (body.contains("tool_choice") && body["tool_choice"].is_object()) {
-        const std::string type = text_field(body["tool_choice"], "type");
-        if (type == "auto") chat["tool_choice"] = "auto";
-        else if (type == "any" || type == "tool") chat["tool_choice"] = "required";
+    if (body.contains("tool_choice") && !body["tool_choice"].is_null()) {
+        const json& choice = body["tool_choice"];
+        require_object(choice, "'tool_choice'");
+        const std::string type = text_field(choice, "type");
+        if (type == "auto" || type == "none") chat["tool_choice"] = type;
+        else if (type == "any") chat["tool_choice"] = "required";
+        else if (type == "tool") chat["tool_choice"] = {{"type", "function"}, {"function", {{"name", text_field(choice, "name")}}}};
+        else throw ApiError(400, "'tool_choice' type must be one of 'auto', 'any', 'tool' or 'none'");
+        if (choice.contains("disable_parallel_tool_use") && choice["disable_parallel_tool_use"].is_boolean())
+            chat["parallel_tool_calls"] = !choice["disable_parallel_tool_use"].get<bool>();
     }
     if (body.contains("stop_sequences")) chat["stop"] = body["stop_sequences"];
     chat["max_tokens"] = body.contains("max_tokens") ? body["max_tokens"] : json(4096);
@@ -244,26 +255,41 @@ json anthropic_to_chat(const json& body) {
     return chat;
 }
 
-json anthropic_message(const std::string& id, const std::string& model, const std::string& text, const Result& r) {
+json anthropic_message(const std::string& id, const std::string& model, const llm::ChatParsed& answer, const Result& r) {
     json content = json::array();
-    if (!text.empty()) content.push_back({{"type", "text"}, {"text", text}});
-    // Tool calls parsed from the answer (the chat-template work) become {"type": "tool_use", "id",
-    // "name", "input"} blocks here, after the text, with stop_reason "tool_use".
+    if (!answer.reasoning_content.empty()) content.push_back({{"type", "thinking"}, {"thinking", answer.reasoning_content}, {"signature", ""}});
+    if (!answer.content.empty()) content.push_back({{"type", "text"}, {"text", answer.content}});
+    for (const llm::ChatToolCall& c : answer.tool_calls) {
+        json input = json::parse(c.arguments, nullptr, false);
+        content.push_back({{"type", "tool_use"}, {"id", c.id}, {"name", c.name}, {"input", input.is_object() ? input : json::object()}});
+    }
     return json{{"id", id},
                 {"type", "message"},
                 {"role", "assistant"},
                 {"content", content},
                 {"model", model},
-                {"stop_reason", anthropic_stop_reason(r)},
+                {"stop_reason", anthropic_stop_reason(r, !answer.tool_calls.empty())},
                 {"stop_sequence", anthropic_stop_sequence(r)},
                 {"usage", {{"cache_read_input_tokens", r.n_cache_reused},
                            {"input_tokens", r.n_prompt - r.n_cache_reused},
                            {"output_tokens", r.n_predicted}}}};
 }
 
-// message_start (with the prompt's token counts) before the first text; the text block is opened by
-// its first delta.
-std::string AnthropicStream::text_events(const Result& r) {
+std::string AnthropicStream::open_block(Block kind, const json& content_block) {
+    std::string out = close_block();
+    open_ = kind;
+    return out + sse_event("content_block_start", {{"index", ++index_}, {"content_block", content_block}});
+}
+
+std::string AnthropicStream::close_block() {
+    if (open_ == Block::None) return "";
+    open_ = Block::None;
+    return sse_event("content_block_stop", {{"index", index_}});
+}
+
+// message_start (with the prompt's token counts) first; then each kind of delta in its own block,
+// opened by its first delta: thinking, text, and one tool_use block per call.
+std::string AnthropicStream::delta_events(const Result& r, const llm::ChatDelta& d) {
     std::string out;
     if (!started_) {
         started_ = true;
@@ -278,21 +304,30 @@ std::string AnthropicStream::text_events(const Result& r) {
                                                                    {"input_tokens", r.n_prompt - r.n_cache_reused},
                                                                    {"output_tokens", 0}}}}}});
     }
-    const std::string& text = r.text;
-    if (text.empty()) return out;
-    if (!text_open_) {
-        text_open_ = true;
-        out += sse_event("content_block_start", {{"index", 0}, {"content_block", {{"type", "text"}, {"text", ""}}}});
+    if (!d.reasoning_content.empty()) {
+        if (open_ != Block::Thinking) out += open_block(Block::Thinking, {{"type", "thinking"}, {"thinking", ""}});
+        out += sse_event("content_block_delta", {{"index", index_}, {"delta", {{"type", "thinking_delta"}, {"thinking", d.reasoning_content}}}});
     }
-    return out + sse_event("content_block_delta", {{"index", 0}, {"delta", {{"type", "text_delta"}, {"text", text}}}});
+    if (!d.content.empty()) {
+        if (open_ != Block::Text) out += open_block(Block::Text, {{"type", "text"}, {"text", ""}});
+        out += sse_event("content_block_delta", {{"index", index_}, {"delta", {{"type", "text_delta"}, {"text", d.content}}}});
+    }
+    for (const llm::ChatToolCallDelta& t : d.tool_calls) {
+        if (t.first) {
+            called_ = true;
+            out += open_block(Block::ToolUse, {{"type", "tool_use"}, {"id", t.id}, {"name", t.name}, {"input", json::object()}});
+        }
+        if (!t.arguments.empty() && open_ == Block::ToolUse)
+            out += sse_event("content_block_delta", {{"index", index_}, {"delta", {{"type", "input_json_delta"}, {"partial_json", t.arguments}}}});
+    }
+    return out;
 }
 
-std::string AnthropicStream::partial(const Result& r) { return text_events(r); }
+std::string AnthropicStream::partial(const Result& r, const llm::ChatDelta& d) { return delta_events(r, d); }
 
-std::string AnthropicStream::final(const Result& r) {
-    std::string out = text_events(r);
-    if (text_open_) out += sse_event("content_block_stop", {{"index", 0}});
-    out += sse_event("message_delta", {{"delta", {{"stop_reason", anthropic_stop_reason(r)}, {"stop_sequence", anthropic_stop_sequence(r)}}},
+std::string AnthropicStream::final(const Result& r, const llm::ChatDelta& d) {
+    std::string out = delta_events(r, d) + close_block();
+    out += sse_event("message_delta", {{"delta", {{"stop_reason", anthropic_stop_reason(r, called_)}, {"stop_sequence", anthropic_stop_sequence(r)}}},
                                        {"usage", {{"output_tokens", r.n_predicted}}}});
     return out + sse_event("message_stop", json::object());
 }

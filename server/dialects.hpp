@@ -5,9 +5,10 @@
 // or as its server-sent events. JSON only: no engine, no scheduler state.
 //
 // Tool use: requests carrying tools, tool_use / tool_result blocks or function_call items are
-// converted to OpenAI's tools / tool_calls / tool messages (as llama-server does), but the chat
-// renderer does not render tools yet and answers are never parsed for tool calls, so responses hold
-// text only; tool_use blocks and function_call items in responses are where that will plug in.
+// converted to OpenAI's tools / tool_calls / tool messages (as llama-server does). Anthropic answers
+// carry the parsed answer: thinking, text and tool_use blocks (stop_reason "tool_use"), streamed as
+// thinking_delta, text_delta and input_json_delta events. Responses answers hold text only so far;
+// function_call items are where its tool calls will plug in.
 #pragma once
 #include <string>
 
@@ -20,13 +21,15 @@ namespace srv {
 // ---- Anthropic Messages ----------------------------------------------------------------------------
 
 // An Anthropic Messages request as an OpenAI chat request: system (a string or text blocks) first,
-// content blocks (text, thinking, image, tool_use, tool_result), tools and tool_choice, stop_sequences
-// as stop, max_tokens (4096 when absent), temperature/top_p/top_k/stream passed through. A malformed
-// request throws ApiError (400).
+// content blocks (text, thinking, image, tool_use, tool_result: a user turn's results first, as the
+// tool messages answering the calls before them), tools, tool_choice (auto, any: "required", tool: the
+// named function, none) and its disable_parallel_tool_use, stop_sequences as stop, max_tokens (4096
+// when absent), temperature/top_p/top_k/stream passed through. A malformed request throws ApiError (400).
 nlohmann::json anthropic_to_chat(const nlohmann::json& body);
 
-// The message object answering a request, once its generation is done.
-nlohmann::json anthropic_message(const std::string& id, const std::string& model, const std::string& text, const Result& r);
+// The message object answering a request, once its generation is done: the answer's thinking, text
+// and tool calls (their ids set) as content blocks.
+nlohmann::json anthropic_message(const std::string& id, const std::string& model, const llm::ChatParsed& answer, const Result& r);
 
 // The event stream of one answer: message_start, content_block_start, content_block_delta...,
 // content_block_stop, message_delta, message_stop (no [DONE]: Anthropic's streams end with
@@ -34,14 +37,20 @@ nlohmann::json anthropic_message(const std::string& id, const std::string& model
 class AnthropicStream {
 public:
     AnthropicStream(std::string id, std::string model) : id_(std::move(id)), model_(std::move(model)) {}
-    std::string partial(const Result& r);  // the events for a partial result's text
-    std::string final(const Result& r);    // the last text, the closing events
+    // The events for what a result made certain of the answer (tool calls' first deltas carry ids).
+    std::string partial(const Result& r, const llm::ChatDelta& d);
+    std::string final(const Result& r, const llm::ChatDelta& d);  // the last of it, the closing events
     static std::string error(const nlohmann::json& err);  // an "error" event
 
 private:
-    std::string text_events(const Result& r);
+    enum class Block { None, Thinking, Text, ToolUse };
+    std::string delta_events(const Result& r, const llm::ChatDelta& d);
+    std::string open_block(Block kind, const nlohmann::json& content_block);
+    std::string close_block();
     std::string id_, model_;
-    bool started_ = false, text_open_ = false;
+    bool started_ = false, called_ = false;
+    Block open_ = Block::None;
+    int index_ = -1;  // the open (or last) content block's index
 };
 
 // ---- OpenAI Responses ------------------------------------------------------------------------------

@@ -147,6 +147,61 @@ TEST_CASE("grammar: the sampler's grammar state follows accepted tokens; prompt 
     CHECK_THROWS_AS(llm::Sampler(p, &v), llm::Error);
 }
 
+TEST_CASE("grammar: a lazy grammar leaves the text free until a trigger word, then constrains from that word on") {
+    const llm::Vocab& v = vocab();
+    llm::SamplerParams p;
+    p.grammar = "root ::= \"<call>\" [0-9]{2} \"</call>\"";
+    p.grammar_lazy = true;
+    p.grammar_triggers = {"<call>"};
+    p.temperature = 0;
+    llm::Sampler s(p, &v);
+    auto accept_text = [&](const std::string& text) { for (int32_t t : v.tokenize(text, false, false)) s.accept(t); };
+    // Waiting: any text, any token, and the end are allowed.
+    std::vector<float> logits(v.n_tokens(), 0.0f);
+    const int32_t free_token = v.tokenize(" hello", false, false).at(0);
+    logits[free_token] = 10.0f;
+    CHECK(s.sample(logits.data(), (int)logits.size()) == free_token);
+    accept_text("Let me look it up: <ca");  // a trigger's prefix does not start it
+    CHECK(s.grammar_accepts_eog());
+    CHECK(s.sample(logits.data(), (int)logits.size()) == free_token);
+    // The word, split across tokens and followed by a digit in the same piece: the grammar has started there.
+    accept_text("ll>4");
+    CHECK_FALSE(s.grammar_accepts_eog());
+    const int32_t digit = s.sample(logits.data(), (int)logits.size());  // the masked chain: a digit, not " hello"
+    const std::string piece = v.token_to_piece(digit);
+    CHECK((piece.size() == 1 && piece[0] >= '0' && piece[0] <= '9'));
+    s.accept(digit);
+    accept_text("</call>");
+    CHECK(s.grammar_accepts_eog());
+    // reset() waits again.
+    s.reset();
+    accept_text("write then ");
+    CHECK(s.grammar_accepts_eog());
+    accept_text("<call>12");
+    CHECK_FALSE(s.grammar_accepts_eog());
+    CHECK_THROWS_AS(s.accept(free_token), llm::Error);  // constrained now
+    // Random logits: free text before the word, exact grammar text after it.
+    llm::Sampler r(p, &v);
+    std::mt19937 rng(7);
+    std::normal_distribution<float> nd(0, 4);
+    std::string text;
+    for (int32_t t : v.tokenize("ok <call>", false, false)) {
+        r.accept(t);
+        text += v.token_to_piece(t);
+    }
+    bool ended = false;
+    for (int i = 0; i < 40 && !ended; i++) {
+        for (float& x : logits) x = nd(rng);
+        const int32_t t = r.sample(logits.data(), (int)logits.size());
+        ended = v.is_eog(t);
+        if (!ended) text += v.token_to_piece(t);
+        r.accept(t);
+    }
+    CHECK(ended);
+    REQUIRE(text.rfind("ok ", 0) == 0);
+    CHECK(llm::Grammar(p.grammar).matches(text.substr(3)));
+}
+
 TEST_CASE("json_schema: the grammar accepts exactly the documents the schema describes") {
     auto accepts = [](const std::string& schema, const std::string& doc) {
         return llm::Grammar(llm::json_schema_to_grammar(schema)).matches(doc);

@@ -867,6 +867,63 @@ TEST_CASE("server: tool calling with the openai Python package (SmolLM2 with Qwe
     CHECK_MESSAGE(rc == 0, out);
     CHECK(out.find("ok ") != std::string::npos);
     MESSAGE(out);
+    // The same server on Anthropic's endpoint, with the anthropic package.
+    REQUIRE_MESSAGE(testutil::run("python3 -c 'import anthropic, jsonschema' 2>/dev/null") == 0, "anthropic or jsonschema is missing: run scripts/setup");
+    rc = testutil::run("python3 tests/anthropic_tools.py " + std::to_string(s.port) + " 2>&1", &out);
+    CHECK_MESSAGE(rc == 0, out);
+    CHECK(out.find("ok ") != std::string::npos);
+    MESSAGE("anthropic tool use: " << out);
+}
+
+TEST_CASE("server: tool_choice required forces a call in each template's syntax, its arguments valid for the schema") {
+    // SmolLM2 knows none of these syntaxes: the grammar alone makes the call, which the format's parser
+    // must then read back. Every argument is bounded (enums, an integer, a boolean), so the call ends.
+    // (Kept to the JSON and XML syntaxes that differ; Hermes is tested with the openai package above.)
+    const json tool = {{"type", "function"},
+                       {"function", {{"name", "get_forecast"},
+                                     {"description", "The forecast of a city"},
+                                     {"parameters", {{"type", "object"},
+                                                     {"properties", {{"city", {{"enum", {"Paris", "London", "Tokyo"}}}},
+                                                                     {"days", {{"type", "integer"}}},
+                                                                     {"hourly", {{"type", "boolean"}}}}},
+                                                     {"required", {"city", "days"}}}}}}};
+    const json other = {{"type", "function"}, {"function", {{"name", "get_time"}, {"description", "The time"}, {"parameters", {{"type", "object"}, {"properties", json::object()}}}}}};
+    const std::pair<const char*, const char*> templates[] = {
+        {"meta-llama-Llama-3.2-3B-Instruct.jinja", "llama3"},
+        {"mistralai-Mistral-Nemo-Instruct-2407.jinja", "mistral"},
+        {"CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja", "command-r7b"},
+        {"meetkai-functionary-medium-v3.1.jinja", "functionary-v3.1"},
+        {"Kimi-K2-Instruct.jinja", "kimi-k2"},
+        {"deepseek-ai-DeepSeek-V3.1.jinja", "deepseek"},
+        {"Qwen3-Coder.jinja", "qwen3-coder"},
+        {"GLM-4.6.jinja", "glm"},
+    };
+    for (const auto& [file, format] : templates) {
+        const std::string name = file;
+        CAPTURE(name);
+        ServerProcess s(server_cmd({"-np", "1", "-c", "2048", "--chat-template-file", testutil::shared_dir() + "/chat/jinja/templates/" + file}));
+        CHECK(s.log().find(std::string("tool calls: ") + format) != std::string::npos);
+        const json body = {{"messages", json::array({{{"role", "user"}, {"content", "Hello!"}}})},
+                           {"tools", json::array({other, tool})},
+                           {"tool_choice", {{"type", "function"}, {"function", {{"name", "get_forecast"}}}}},
+                           {"parallel_tool_calls", false},
+                           {"max_tokens", 256},  // JSON's spaces may be newlines and indents, bounded
+                           {"temperature", 0}};
+        Reply r = post(s.port, "/v1/chat/completions", body);
+        REQUIRE_MESSAGE(r.status == 200, r.body.dump());
+        const json& choice = r.body["choices"][0];
+        CAPTURE(choice.dump());
+        CHECK(choice["finish_reason"] == "tool_calls");
+        REQUIRE((choice["message"].contains("tool_calls") && choice["message"]["tool_calls"].size() == 1));
+        const json& call = choice["message"]["tool_calls"][0]["function"];
+        CHECK(call["name"] == "get_forecast");
+        const json args = json::parse(call["arguments"].get<std::string>(), nullptr, false);
+        REQUIRE(args.is_object());
+        CHECK((args["city"] == "Paris" || args["city"] == "London" || args["city"] == "Tokyo"));
+        CHECK(args["days"].is_number_integer());
+        CHECK((!args.contains("hourly") || args["hourly"].is_boolean()));
+        for (const auto& [key, value] : args.items()) CHECK((key == "city" || key == "days" || key == "hourly"));
+    }
 }
 
 TEST_CASE("server: --reasoning-budget ends the thinking after exactly N tokens; reasoning_content is split off") {

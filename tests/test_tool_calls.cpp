@@ -176,6 +176,32 @@ TEST_CASE("tool calls: a stream reveals a call's name before its arguments end")
     CHECK(p.finish().empty());
 }
 
+TEST_CASE("tool calls: XML parameters are typed by the declared schema (Qwen3-Coder, GLM)") {
+    // zip and flag are declared strings: their text stays a string even where it reads as JSON; count
+    // (an integer) and opts are parsed; a value that is not JSON stays a string whatever the schema.
+    const std::string qwen = "<tool_call>\n<function=lookup>\n<parameter=zip>\n02139\n</parameter>\n<parameter=code>\n123\n</parameter>\n"
+                             "<parameter=flag>\ntrue\n</parameter>\n<parameter=count>\n7\n</parameter>\n<parameter=opts>\n{\"a\": [1]}\n</parameter>\n"
+                             "<parameter=note>\nnot json\n</parameter>\n</function>\n</tool_call>";
+    const std::string glm = "<tool_call>lookup\n<arg_key>code</arg_key>\n<arg_value>123</arg_value>\n<arg_key>flag</arg_key>\n"
+                            "<arg_value>true</arg_value>\n<arg_key>count</arg_key>\n<arg_value>7</arg_value>\n</tool_call>";
+    llm::ChatParseOptions o;
+    o.string_parameters["lookup"] = {"zip", "code", "flag"};
+    o.string_parameters["other"] = {"count"};
+    o.format = F::Qwen3Coder;
+    llm::ChatParsed p = llm::chat_parse_output(qwen, o);
+    REQUIRE(p.tool_calls.size() == 1);
+    CHECK(p.tool_calls[0].arguments == "{\"zip\": \"02139\", \"code\": \"123\", \"flag\": \"true\", \"count\": 7, \"opts\": {\"a\": [1]}, \"note\": \"not json\"}");
+    o.format = F::Glm;
+    p = llm::chat_parse_output(glm, o);
+    REQUIRE(p.tool_calls.size() == 1);
+    CHECK(p.tool_calls[0].arguments == "{\"code\": \"123\", \"flag\": \"true\", \"count\": 7}");
+    // Without declarations (or for another tool's), values that parse as JSON are JSON.
+    o.string_parameters.erase("lookup");
+    p = llm::chat_parse_output(glm, o);
+    REQUIRE(p.tool_calls.size() == 1);
+    CHECK(p.tool_calls[0].arguments == "{\"code\": 123, \"flag\": true, \"count\": 7}");
+}
+
 TEST_CASE("tool calls: formats are detected from the corpus templates and named") {
     auto detect = [](const char* file) {
         return llm::chat_detect_tool_call_format(testutil::read_file(testutil::shared_dir() + "/chat/jinja/templates/" + file));
