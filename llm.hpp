@@ -2655,37 +2655,47 @@ LLM_AVX2_INLINE void prefetch_ahead(const void* p) {
 #pragma GCC unroll 64
     for (size_t o = 0; o < Bytes; o += 64) _mm_prefetch((const char*)p + kPrefetchBytes + o, _MM_HINT_T0);
 }
-template <class K, class Ops, int NC>
+// NR > 1: NR weight rows, w_stride bytes apart, at once (each activation block is loaded once per
+// row from L1, and the NR x NC sums are independent chains); out[c * ld + r]. The per-(row, column)
+// arithmetic is that of NR = 1.
+template <class K, class Ops, int NC, int NR = 1>
 LLM_AVX2_INLINE void tile(int64_t n, const uint8_t* W, const uint8_t* A, size_t as, const float* S, int64_t ss, float* out,
-                          int64_t ld) {
+                          int64_t ld, size_t w_stride = 0) {
     using X = typename K::X;
     using Y = typename K::Y;
     const int64_t nb = n / K::kBlock;
-    const X* x = (const X*)W;
-    __m256 acc[NC];
-    float macc[NC];
+    __m256 acc[NR][NC];
+    float macc[NR][NC];
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; r++)
 #pragma GCC unroll 8
-    for (int c = 0; c < NC; c++) acc[c] = _mm256_setzero_ps(), macc[c] = 0.0f;
+        for (int c = 0; c < NC; c++) acc[r][c] = _mm256_setzero_ps(), macc[r][c] = 0.0f;
     for (int64_t b = 0; b < nb; b++) {
-        // Weight rows are streamed once (decode) or a few times; prefetch ahead of the hardware
-        // prefetcher, which only ramps up slowly on these short runs. Past the row end this runs
-        // into the next row, which is the one read next.
-        _mm_prefetch((const char*)(x + b) + kPrefetchBytes, _MM_HINT_T0);
-        if constexpr (sizeof(X) > 64) _mm_prefetch((const char*)(x + b) + kPrefetchBytes + 64, _MM_HINT_T0);
-        if constexpr (sizeof(X) > 128) _mm_prefetch((const char*)(x + b) + kPrefetchBytes + 128, _MM_HINT_T0);
-        const typename K::D d = K::decode(x + b);
+#pragma GCC unroll 4
+        for (int r = 0; r < NR; r++) {
+            const X* x = (const X*)(W + r * w_stride);
+            // Weight rows are streamed once (decode) or a few times; prefetch ahead of the hardware
+            // prefetcher, which only ramps up slowly on these short runs. Past the row end this runs
+            // into the next row, which is the one read next.
+            _mm_prefetch((const char*)(x + b) + kPrefetchBytes, _MM_HINT_T0);
+            if constexpr (sizeof(X) > 64) _mm_prefetch((const char*)(x + b) + kPrefetchBytes + 64, _MM_HINT_T0);
+            if constexpr (sizeof(X) > 128) _mm_prefetch((const char*)(x + b) + kPrefetchBytes + 128, _MM_HINT_T0);
+            const typename K::D d = K::decode(x + b);
 #pragma GCC unroll 8
-        for (int c = 0; c < NC; c++) {
-            const float* s = K::kActScales ? S + c * ss + b : nullptr;
-            K::template dot<Ops>(d, (const Y*)(A + c * as) + b, s, nb, acc[c], macc[c]);
+            for (int c = 0; c < NC; c++) {
+                const float* s = K::kActScales ? S + c * ss + b : nullptr;
+                K::template dot<Ops>(d, (const Y*)(A + c * as) + b, s, nb, acc[r][c], macc[r][c]);
+            }
         }
     }
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; r++)
 #pragma GCC unroll 8
-    for (int c = 0; c < NC; c++) {
-        float s = hsum8(acc[c]) + macc[c];
-        if (nb * K::kBlock < n) s += K::tail(W, A + c * as, nb * K::kBlock, n);
-        out[c * ld] = s;
-    }
+        for (int c = 0; c < NC; c++) {
+            float s = hsum8(acc[r][c]) + macc[r][c];
+            if (nb * K::kBlock < n) s += K::tail(W + r * w_stride, A + c * as, nb * K::kBlock, n);
+            out[c * ld + r] = s;
+        }
 }
 
 template <class K, int NC>
@@ -4036,20 +4046,25 @@ struct Lanes8 {
 template <class L, Type T> \
 TIER_INLINE void load_values##SUFFIX(const uint8_t* row, int64_t d, typename L::F v[4]) { \
     constexpr int kStep = L::kValues / 4; \
+    /* d is a multiple of kValues, itself of 32: each step's block is known here, and each block's */ \
+    /* scale is converted once (F16C), not once per step in software */ \
+    using B = std::conditional_t<T == Type::Q8_0, block_q8_0, block_q4_0>; \
+    static_assert(sizeof(block_q4_0) == sizeof(block_iq4_nl), "same nibble layout"); \
+    [[maybe_unused]] const B* blocks = (const B*)row + d / 32; \
+    [[maybe_unused]] typename L::F scale[L::kValues / 32]; \
+    if constexpr (T != Type::F16 && T != Type::F32) \
+        for (int i = 0; i < L::kValues / 32; i++) scale[i] = L::set1(h2f(blocks[i].d)); \
 _Pragma("GCC unroll 4") \
     for (int u = 0; u < 4; u++) { \
-        const int64_t e = d + kStep * u; \
+        const int e = kStep * u;  /* from d */ \
         if constexpr (T == Type::F16) { \
-            v[u] = L::half((const uint16_t*)row + e); \
+            v[u] = L::half((const uint16_t*)row + d + e); \
         } else if constexpr (T == Type::F32) { \
-            v[u] = L::load((const float*)row + e); \
+            v[u] = L::load((const float*)row + d + e); \
         } else if constexpr (T == Type::Q8_0) { \
-            const block_q8_0& b = ((const block_q8_0*)row)[e / 32]; \
-            v[u] = L::mul(L::ints(b.qs + e % 32), L::set1(fp16_to_fp32(b.d))); \
+            v[u] = L::mul(L::ints(blocks[e / 32].qs + e % 32), scale[e / 32]); \
         } else { \
-            const auto& b = ((const block_q4_0*)row)[e / 32]; \
-            static_assert(sizeof(block_q4_0) == sizeof(block_iq4_nl), "same nibble layout"); \
-            v[u] = L::mul(L::nibbles(b.qs + e % 16, e % 32 >= 16, T == Type::IQ4_NL), L::set1(fp16_to_fp32(b.d))); \
+            v[u] = L::mul(L::nibbles(blocks[e / 32].qs + e % 16, e % 32 >= 16, T == Type::IQ4_NL), scale[e / 32]); \
         } \
     } \
 } \
@@ -4185,6 +4200,27 @@ LLM_AVX512VNNI_FN void scores_pairs(const uint8_t* rows, size_t stride, int64_t 
     for (; r + 4 <= n_rows; r += 4) scores_rows<S, NP, 4>(rows + r * stride, stride, dim, qp, heads, out + r, out_stride);
     for (; r < n_rows; r++) scores_rows<S, NP, 1>(rows + r * stride, stride, dim, qp, heads, out + r, out_stride);
 }
+// AVX2 hosts (and AVX-512 ones without VNNI): the tile of matmul_rows over NR cache rows and NC
+// query heads at once, so a row is unpacked once for all heads and NR x NC sums run side by side;
+// the same arithmetic per (row, head), hence bit-identical to matmul_rows. S: the queries' block
+// scales as floats (q8_0), s_stride apart per head.
+template <class K, int NC, int NR>
+LLM_AVX2_FN void scores_heads_avx2(const uint8_t* rows, size_t stride, int64_t n_rows, int64_t dim, const uint8_t* qc, size_t q_row,
+                                   const float* S, int64_t s_stride, float* out, int64_t out_stride) {
+    int64_t r = 0;
+    for (; r + NR <= n_rows; r += NR)
+        tile<K, OpsAVX2, NC, NR>(dim, rows + r * stride, qc, q_row, S, s_stride, out + r, out_stride, stride);
+    for (; r < n_rows; r++) tile<K, OpsAVX2, NC, 1>(dim, rows + r * stride, qc, q_row, S, s_stride, out + r, out_stride);
+}
+using ScoresHeadsFn = void (*)(const uint8_t*, size_t, int64_t, int64_t, const uint8_t*, size_t, const float*, int64_t, float*,
+                               int64_t);
+constexpr int kScoreHeadsAVX2 = 4;  // heads per pass: NC x NR accumulators fit the 16 registers
+template <class K>
+ScoresHeadsFn scores_heads_avx2_for(int heads) {
+    static const ScoresHeadsFn f[] = {scores_heads_avx2<K, 1, 4>, scores_heads_avx2<K, 2, 4>, scores_heads_avx2<K, 3, 2>,
+                                      scores_heads_avx2<K, 4, 2>};
+    return f[heads - 1];
+}
 using ScoresFn = void (*)(const uint8_t*, size_t, int64_t, int64_t, const float*, int, float*, int64_t);
 inline ScoresFn scores_pairs_fn(Type t, int pairs) {
     static const ScoresFn f16[] = {scores_pairs<ScoresF16, 1>, scores_pairs<ScoresF16, 2>, scores_pairs<ScoresF16, 3>,
@@ -4203,7 +4239,22 @@ inline ScoresFn scores_pairs_fn(Type t, int pairs) {
 bool attention_scores(Type kt, const uint8_t* rows, size_t stride, int64_t n_rows, int64_t dim, const uint8_t* qc, size_t q_row,
                       int heads, float* out, int64_t out_stride, float* scratch) {
 #ifdef LLM_X86
-    if (isa_current() != Isa::AVX512 || !qimpl::cpu().vnni || (kt != Type::F16 && kt != Type::Q8_0) || dim % 32) return false;
+    if (isa_current() == Isa::Scalar || (kt != Type::F16 && kt != Type::Q8_0) || dim % 32) return false;
+    if (isa_current() != Isa::AVX512 || !qimpl::cpu().vnni) {
+        // the q8_0 queries' block scales as floats, dim / 32 per head
+        const int64_t nb = dim / 32;
+        for (int h = 0; h < heads && kt == Type::Q8_0; h++)
+            for (int64_t b = 0; b < nb; b++) scratch[h * nb + b] = fp16_to_fp32(((const block_q8_0*)(qc + h * q_row))[b].d);
+        const int64_t block = std::max<int64_t>(1, 32768 / (int64_t)stride);  // rows that stay in L1 (as below)
+        for (int64_t r0 = 0; r0 < n_rows; r0 += block)
+            for (int h = 0; h < heads; h += qimpl::kScoreHeadsAVX2) {
+                const int nc = std::min(qimpl::kScoreHeadsAVX2, heads - h);
+                (kt == Type::F16 ? qimpl::scores_heads_avx2_for<qimpl::K_f16>(nc) : qimpl::scores_heads_avx2_for<qimpl::K_q8_0>(nc))(
+                    rows + r0 * stride, stride, std::min(block, n_rows - r0), dim, qc + h * q_row, q_row, scratch + h * nb, nb,
+                    out + h * out_stride + r0, out_stride);
+            }
+        return true;
+    }
     // Queries in pairs of heads (zeros past the last). f16: for each 8 values, 8 floats of the first
     // head then 8 of the second; q8_0: per block, the two heads' quants, then their scales 8 times.
     for (int h = 0; h < heads; h += 2) {

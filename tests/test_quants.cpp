@@ -442,6 +442,60 @@ TEST_CASE("quants: interleaved weights round-trip and multiply like their rows")
     }
 }
 
+namespace llm {  // the engine's attention score kernels (implementation section)
+bool attention_scores(Type kt, const uint8_t* rows, size_t stride, int64_t n_rows, int64_t dim, const uint8_t* qc, size_t q_row,
+                      int heads, float* out, int64_t out_stride, float* scratch);
+}
+
+TEST_CASE("quants: attention score kernels equal matmul_rows on every tier, several heads at once") {
+    IsaGuard guard;
+    std::mt19937 rng(21);
+    const int kv_heads = 3;  // a cache row holds 3 KV heads; the kernels read the middle one
+    for (Type kt : {Type::F16, Type::Q8_0}) {
+        for (int64_t dim : {64, 128}) {
+            CAPTURE(llm::type_info(kt).name);
+            CAPTURE(dim);
+            const Type qt = llm::vec_dot_type(kt);
+            const size_t head_bytes = llm::row_bytes(kt, dim), stride = kv_heads * head_bytes, q_row = llm::row_bytes(qt, dim);
+            const int64_t n_rows = 203;  // several L1 blocks of rows, and a row tail after the multi-row tiles
+            std::vector<uint8_t> cache;
+            for (int64_t r = 0; r < n_rows * kv_heads; r++) {
+                std::vector<uint8_t> q = quantized(kt, random_floats(rng, dim, 2.0f));
+                cache.insert(cache.end(), q.begin(), q.end());
+            }
+            const int max_heads = 9;
+            std::vector<uint8_t> queries;
+            for (int h = 0; h < max_heads; h++) {
+                std::vector<uint8_t> q = quantized(qt, random_floats(rng, dim, 1.0f));
+                queries.insert(queries.end(), q.begin(), q.end());
+            }
+            const uint8_t* rows = cache.data() + head_bytes;
+            llm::isa_set(llm::Isa::Scalar);
+            std::vector<float> scalar(max_heads * n_rows);
+            for (int h = 0; h < max_heads; h++)
+                for (int64_t r = 0; r < n_rows; r++)
+                    scalar[h * n_rows + r] = llm::vec_dot(kt, dim, rows + r * stride, queries.data() + h * q_row);
+            for (llm::Isa isa : supported_isas()) {
+                if (isa == llm::Isa::Scalar) continue;
+                CAPTURE(llm::isa_name(isa));
+                llm::isa_set(isa);
+                for (int heads : {1, 2, 3, 4, 5, 8, 9}) {
+                    CAPTURE(heads);
+                    const int64_t ld = n_rows + 5;
+                    std::vector<float> want(heads * ld, -1.0f), got(heads * ld, -1.0f), scratch(2 * (heads + 1) * dim);
+                    llm::matmul_rows(kt, rows, stride, dim, 0, n_rows, queries.data(), q_row, heads, want.data(), ld);
+                    REQUIRE(llm::attention_scores(kt, rows, stride, n_rows, dim, queries.data(), q_row, heads, got.data(), ld,
+                                                  scratch.data()));
+                    CHECK(got == want);  // bit for bit, untouched entries included
+                    for (int h = 0; h < heads; h++)
+                        for (int64_t r = 0; r < n_rows; r++)
+                            CHECK(std::fabs(got[h * ld + r] - scalar[h * n_rows + r]) <= 1e-4 * (1 + std::fabs(scalar[h * n_rows + r])));
+                }
+            }
+        }
+    }
+}
+
 TEST_CASE("quants: isa_set rejects what the CPU lacks") {
     IsaGuard guard;
     CHECK_NOTHROW(llm::isa_set(llm::Isa::Scalar));
