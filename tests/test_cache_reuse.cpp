@@ -59,7 +59,9 @@ TEST_CASE("cache reuse: seq_move re-rotates keys to their new positions, every K
     for (const char* name : models) {
         auto m = llm::Model::load(testutil::shared_dir() + "/golden/models/" + name);
         const llm::HParams& hp = m->hp;
-        for (auto [tk, tol] : k_types) {
+        for (const auto& type_tol : k_types) {
+            const llm::Type tk = type_tol.first;  // not a structured binding: CAPTURE's lambda sees it
+            const double tol = type_tol.second;
             CAPTURE(name);
             CAPTURE(llm::type_info(tk).name);
             const KvTypes t{tk, hp.mla ? llm::Type::F16 : tk};
