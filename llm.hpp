@@ -15459,15 +15459,21 @@ public:
     KeyExclusion(const std::vector<std::string>& names, const std::string& any_char) : any_char_(any_char) {
         nodes_.emplace_back();
         for (const std::string& name : names) {
-            size_t n = 0;
-            for (size_t off = 0; off < name.size();) {
+            size_t n = 0, length = 0;
+            for (size_t off = 0; off < name.size(); length++) {
+                if (length == kMaxNameChars)  // rest() recurses once per character
+                    throw Error("json_schema: property names next to additionalProperties are limited to " +
+                                std::to_string(kMaxNameChars) + " characters");
                 const uint32_t cp = tokenizer_impl::utf8_decode(name, off);
-                auto it = nodes_[n].children.find(cp);
-                if (it == nodes_[n].children.end()) {
-                    it = nodes_[n].children.emplace(cp, nodes_.size()).first;
-                    nodes_.emplace_back();
+                const auto it = nodes_[n].children.find(cp);
+                if (it != nodes_[n].children.end()) {
+                    n = it->second;
+                    continue;
                 }
-                n = it->second;
+                const size_t child = nodes_.size();
+                nodes_[n].children.emplace(cp, child);
+                nodes_.emplace_back();
+                n = child;
             }
             nodes_[n].is_name = true;
         }
@@ -15475,6 +15481,7 @@ public:
     std::string rule() const { return "\"\\\"\" " + rest(0) + " \"\\\"\" space"; }
 
 private:
+    static constexpr size_t kMaxNameChars = 1024;
     struct Node {
         std::map<uint32_t, size_t> children;
         bool is_name = false;

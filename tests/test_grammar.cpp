@@ -426,10 +426,11 @@ TEST_CASE("json_schema: unsupported or malformed patterns are errors naming the 
         {"^a{99999}$", "repetition count above"},                 {"^[\\\\d-z]$", "a class escape cannot bound a range"},
         {"^\\\\x4$", "expected 2 hex digits"},                    {"^[\\\\x01]$", "only control characters"},
     };
-    for (const auto& [pattern, needle] : cases) {
+    for (const auto& pattern_and_needle : cases) {
+        const std::string pattern = pattern_and_needle.first, needle = pattern_and_needle.second;
         const std::string err = schema_error(std::string(R"({"type": "string", "pattern": ")") + pattern + "\"}");
-        CHECK_MESSAGE(err.find("json_schema: pattern: ") == 0, std::string(pattern), " -> ", err);
-        CHECK_MESSAGE(err.find(needle) != std::string::npos, std::string(pattern), " -> ", err);
+        CHECK_MESSAGE(err.find("json_schema: pattern: ") == 0, pattern, " -> ", err);
+        CHECK_MESSAGE(err.find(needle) != std::string::npos, pattern, " -> ", err);
     }
     CHECK(schema_error(R"({"type": "string", "pattern": 5})").find("'pattern' must be a string") != std::string::npos);
     CHECK(schema_error(std::string(R"({"type": "string", "pattern": ")") + std::string(5000, 'a') + "\"}").find("longer than 4096") != std::string::npos);
@@ -459,6 +460,8 @@ TEST_CASE("json_schema: llama.cpp's other keywords: $ref pointers, tuples, forma
     CHECK_FALSE(schema_accepts(extra, R"({"a": 1, "a": 2})"));
     CHECK_FALSE(schema_accepts(extra, R"({"x": 1, "ab": 2})"));
     CHECK_FALSE(schema_accepts(extra, R"({"a": 1, "x": "s"})"));
+    const std::string long_name = std::string(R"({"properties": {")") + std::string(1025, 'k') + R"(": {}}, "additionalProperties": true})";
+    CHECK(schema_error(long_name).find("limited to 1024 characters") != std::string::npos);
     CHECK(schema_accepts(R"({"type": "object", "additionalProperties": false})", "{}"));
     CHECK_FALSE(schema_accepts(R"({"type": "object", "additionalProperties": false})", R"({"a": 1})"));
     // $ref: JSON pointers anywhere in the document, escapes, array indices, the root, nested $defs.
