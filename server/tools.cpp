@@ -64,7 +64,7 @@ std::string schema_rule(const ojson& schema, const std::string& prefix, const ch
     try {
         gbnf = llm::json_schema_to_grammar(schema.dump());
     } catch (const llm::Error& e) {
-        log_msg('W', "tool schema not enforced (%s): %s", e.what(), schema.dump().c_str());
+        log_msg('W', "a tool's schema is not enforced: %s", e.what());
         gbnf = llm::json_schema_to_grammar(fallback);
     }
     rules += prefix_rules(gbnf, prefix);
