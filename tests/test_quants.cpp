@@ -165,6 +165,24 @@ std::vector<llm::Isa> supported_isas() {
     return v;
 }
 
+// `rows` random weight rows of type t; `cols` activation columns of type `at` (quantized random floats).
+std::vector<uint8_t> random_rows(std::mt19937& rng, Type t, int64_t k, int64_t rows) {
+    std::vector<uint8_t> W;
+    for (int64_t r = 0; r < rows; r++) {
+        std::vector<uint8_t> w = random_weights(rng, t, k);
+        W.insert(W.end(), w.begin(), w.end());
+    }
+    return W;
+}
+std::vector<uint8_t> random_activations(std::mt19937& rng, Type at, int64_t k, int64_t cols) {
+    std::vector<uint8_t> A;
+    for (int64_t c = 0; c < cols; c++) {
+        std::vector<uint8_t> q = quantized(at, random_floats(rng, k, 1.0f));
+        A.insert(A.end(), q.begin(), q.end());
+    }
+    return A;
+}
+
 struct IsaGuard {  // restores the automatic choice when a test forced one
     llm::Isa saved = llm::isa_current();
     ~IsaGuard() { llm::isa_set(saved); }
@@ -343,15 +361,7 @@ TEST_CASE("quants: matmul_rows equals vec_dot for every tile shape") {
         CAPTURE(llm::type_info(t).name);
         const Type at = llm::vec_dot_type(t);
         const size_t wrow = llm::row_bytes(t, k), arow = llm::row_bytes(at, k);
-        std::vector<uint8_t> W, A;
-        for (int r = 0; r < rows; r++) {
-            std::vector<uint8_t> w = random_weights(rng, t, k);
-            W.insert(W.end(), w.begin(), w.end());
-        }
-        for (int c = 0; c < cols; c++) {
-            std::vector<uint8_t> q = quantized(at, random_floats(rng, k, 1.0f));
-            A.insert(A.end(), q.begin(), q.end());
-        }
+        const std::vector<uint8_t> W = random_rows(rng, t, k, rows), A = random_activations(rng, at, k, cols);
         for (llm::Isa isa : supported_isas()) {
             CAPTURE(llm::isa_name(isa));
             llm::isa_set(isa);
@@ -466,15 +476,7 @@ TEST_CASE("quants: AMX tiles equal the AVX-512 VNNI tiles bit for bit") {
         const int64_t k = kquant ? 512 : 352;  // 352: 11 blocks, a partial group of the kernel's 8
         const Type at = llm::vec_dot_type(t);
         const size_t wrow = llm::row_bytes(t, k), arow = llm::row_bytes(at, k);
-        std::vector<uint8_t> W, A;
-        for (int r = 0; r < rows; r++) {
-            std::vector<uint8_t> w = random_weights(rng, t, k);
-            W.insert(W.end(), w.begin(), w.end());
-        }
-        for (int c = 0; c < cols; c++) {
-            std::vector<uint8_t> q = quantized(at, random_floats(rng, k, 1.0f));
-            A.insert(A.end(), q.begin(), q.end());
-        }
+        const std::vector<uint8_t> W = random_rows(rng, t, k, rows), A = random_activations(rng, at, k, cols);
         std::vector<uint8_t> packed(W.size());
         llm::interleave_rows16(t, W.data(), packed.data(), k, rows);
         for (int64_t n_act : {(int64_t)15, (int64_t)16, (int64_t)32, cols}) {
