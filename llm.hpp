@@ -17,8 +17,9 @@
 //   4. GGUF reader           mmap, bounds-checked parser, split files, metadata access
 //   5. Quantized rows        dequantization, activation/KV quantization, scalar dot products
 //   6. SIMD kernels          run-time dispatch (cpuid + XCR0, $LLM_ISA), AVX2 / AVX-512 tiles, 16-row
-//                            interleaved weights and their AVX-512 VNNI and AVX2 kernels, attention
-//                            scores and weighted sums
+//                            interleaved weights and their AVX-512 VNNI and AVX2 kernels, AMX tile
+//                            products for prefill (6x, arch_prctl-granted), attention scores and
+//                            weighted sums
 //   7. Weight quantizers     K-quants and IQ4_NL as llama-quantize writes them
 //   8. GGUF writer           streamed v3 output; its temp file removed on errors, on signals
 //                            (remove_unfinished_outputs) and, for dead processes, by the next writer
@@ -204,7 +205,12 @@ enum class Isa { Scalar = 0, AVX2 = 1, AVX512 = 2 };
 Isa isa_best();                  // the best instruction set this CPU and OS support
 Isa isa_current();               // the one in use (initially isa_best(), or $LLM_ISA: scalar|avx2|avx512)
 void isa_set(Isa isa);           // force one (tests, benchmarks); throws Error if unsupported
-std::string isa_name(Isa isa);
+std::string isa_name(Isa isa);   // avx512: "avx512-vnni+amx" while amx_enabled()
+// AMX tile products for prefill, on top of AVX-512 VNNI (Sapphire Rapids and newer): on by default
+// where available; $LLM_ISA=avx512 turns them off, $LLM_ISA=amx asks for them explicitly.
+bool amx_available();            // CPU (cpuid, XCR0) and OS (arch_prctl grants the tile state)
+bool amx_enabled();              // in use: available, not turned off, and the ISA in use is AVX-512 VNNI
+void amx_set(bool on);           // tests, benchmarks; throws Error when turning on what is unavailable
 
 // Interleaved weights: matmul weights repacked at load for the interleaved kernels. Each group of 16
 // rows is stored so that one 512-bit register holds four consecutive values of each of the 16 rows,
@@ -1057,6 +1063,9 @@ void moe_route(const HParams& hp, const float* router_logits, const float* selec
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
+#endif
+#if defined(__linux__)
+#include <sys/syscall.h>  // arch_prctl (AMX tile state)
 #endif
 
 #include <dirent.h>
@@ -2882,12 +2891,12 @@ static Isa isa_initial() {
     if (!env || !*env) return isa_best();
     for (Isa isa : {Isa::Scalar, Isa::AVX2, Isa::AVX512}) {
         const std::string name = isa == Isa::AVX512 ? "avx512" : isa_name(isa);
-        if (name != env) continue;
+        if (name != env && !(isa == Isa::AVX512 && strcmp(env, "amx") == 0)) continue;  // amx: AVX-512 and AMX
         if ((int)isa <= (int)isa_best()) return isa;
         fprintf(stderr, "llm: LLM_ISA=%s is not supported by this CPU, using %s\n", env, isa_name(isa_best()).c_str());
         return isa_best();
     }
-    fprintf(stderr, "llm: LLM_ISA=%s is not one of scalar, avx2, avx512; using %s\n", env, isa_name(isa_best()).c_str());
+    fprintf(stderr, "llm: LLM_ISA=%s is not one of scalar, avx2, avx512, amx; using %s\n", env, isa_name(isa_best()).c_str());
     return isa_best();
 }
 
@@ -2910,7 +2919,7 @@ std::string isa_name(Isa isa) {
     switch (isa) {
     case Isa::Scalar: return "scalar";
     case Isa::AVX2: return "avx2";
-    case Isa::AVX512: return qimpl::cpu().vnni ? "avx512-vnni" : "avx512";
+    case Isa::AVX512: return !qimpl::cpu().vnni ? "avx512" : amx_enabled() ? "avx512-vnni+amx" : "avx512-vnni";
     }
     return "?";
 }
@@ -3267,12 +3276,38 @@ LLM_AVX2_INLINE void unpack6(const uint8_t* lo, const uint8_t* hi, int base, uin
 // each row gets ggml's integer block sums exactly and the same float steps per block (d_y * d_x,
 // then one fma); only the order in which blocks are summed differs from the row kernels.
 LLM_AVX512_WARNINGS_OFF
+// Values 4ch..4ch+3 (lo) and 4ch+16..4ch+19 (hi) of sub-block sb of the 16 rows, as bytes.
+template <class G>
+LLM_AVX512_INLINE void unpack_q45_K(const G& B, int sb, int ch, __m512i& lo, __m512i& hi) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    const __m512i q = _mm512_loadu_si512(B.qs[sb][ch]);
+    lo = _mm512_and_si512(q, m4), hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
+    if constexpr (kHasHigh<G>) {
+        lo = _mm512_mask_add_epi8(lo, (__mmask64)B.qh[sb][ch], lo, _mm512_set1_epi8(16));
+        hi = _mm512_mask_add_epi8(hi, (__mmask64)B.qh[sb][ch + 4], hi, _mm512_set1_epi8(16));
+    }
+}
+// A block's float step for one column y (VNNI and AMX kernels alike): isum (the scaled sub-block
+// sums) times d_x * d_y into acc, the mins' term sum(min * bsum) times dmin_x * d_y into accm; mn:
+// the block's unpacked mins.
+LLM_AVX512VNNI_INLINE void accumulate_q45_K(const block_q8_K& y, const uint8_t* mn, __m512i isum, __m512 dx, __m512 mx, __m512& acc,
+                                        __m512& accm) {
+    // sums of 32 values per sub-block, two sub-blocks per 32-bit word
+    const __m256i bs = _mm256_loadu_si256((const __m256i*)y.bsums);
+    alignas(16) int32_t pair[4];
+    _mm_store_si128((__m128i*)pair, _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1)));
+    __m512i msum = _mm512_setzero_si512();
+    for (int p = 0; p < 4; p++)
+        msum = _mm512_dpwssd_epi32(msum, _mm512_cvtepu8_epi16(_mm256_load_si256((const __m256i*)(mn + 32 * p))), _mm512_set1_epi32(pair[p]));
+    const __m512 yd = _mm512_set1_ps(y.d);
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dx, yd), acc);
+    accm = _mm512_fmadd_ps(_mm512_cvtepi32_ps(msum), _mm512_mul_ps(mx, yd), accm);
+}
 template <class G, int NC>
 LLM_AVX512VNNI_FN void tile16_q45_K(int64_t k, const uint8_t* W, const uint8_t* A, size_t as, const float*, int64_t,
                                     const int32_t*, float* out, int64_t ld) {
     const int64_t nb = k / QK_K;
     const G* x = (const G*)W;
-    const __m512i m4 = _mm512_set1_epi8(0x0F);
     __m512 acc[NC], accm[NC];
 #pragma GCC unroll 8
     for (int c = 0; c < NC; c++) acc[c] = accm[c] = _mm512_setzero_ps();
@@ -3292,12 +3327,8 @@ LLM_AVX512VNNI_FN void tile16_q45_K(int64_t k, const uint8_t* W, const uint8_t* 
             for (int c = 0; c < NC; c++) dot[c] = _mm512_setzero_si512();
 #pragma GCC unroll 4
             for (int ch = 0; ch < 4; ch++) {
-                const __m512i q = _mm512_loadu_si512(B.qs[sb][ch]);
-                __m512i lo = _mm512_and_si512(q, m4), hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
-                if constexpr (kHasHigh<G>) {
-                    lo = _mm512_mask_add_epi8(lo, (__mmask64)B.qh[sb][ch], lo, _mm512_set1_epi8(16));
-                    hi = _mm512_mask_add_epi8(hi, (__mmask64)B.qh[sb][ch + 4], hi, _mm512_set1_epi8(16));
-                }
+                __m512i lo, hi;
+                unpack_q45_K(B, sb, ch, lo, hi);
 #pragma GCC unroll 8
                 for (int c = 0; c < NC; c++) {
                     const int8_t* yq = y[c]->qs + 32 * sb + 4 * ch;
@@ -3315,19 +3346,7 @@ LLM_AVX512VNNI_FN void tile16_q45_K(int64_t k, const uint8_t* W, const uint8_t* 
         const __m512 dx = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)B.d));
         const __m512 mx = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)B.dmin));
 #pragma GCC unroll 8
-        for (int c = 0; c < NC; c++) {
-            // sums of 32 values per sub-block, two sub-blocks per 32-bit word
-            const __m256i bs = _mm256_loadu_si256((const __m256i*)y[c]->bsums);
-            alignas(16) int32_t pair[4];
-            _mm_store_si128((__m128i*)pair, _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1)));
-            __m512i msum = _mm512_setzero_si512();
-            for (int p = 0; p < 4; p++)
-                msum = _mm512_dpwssd_epi32(msum, _mm512_cvtepu8_epi16(_mm256_load_si256((const __m256i*)(mn + 32 * p))),
-                                           _mm512_set1_epi32(pair[p]));
-            const __m512 yd = _mm512_set1_ps(y[c]->d);
-            acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[c]), _mm512_mul_ps(dx, yd), acc[c]);
-            accm[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(msum), _mm512_mul_ps(mx, yd), accm[c]);
-        }
+        for (int c = 0; c < NC; c++) accumulate_q45_K(*y[c], mn, isum[c], dx, mx, acc[c], accm[c]);
     }
 #pragma GCC unroll 8
     for (int c = 0; c < NC; c++) _mm512_storeu_ps(out + c * ld, _mm512_sub_ps(acc[c], accm[c]));
@@ -3416,6 +3435,32 @@ using I16Of = std::conditional_t<std::is_same_v<G, block_q6_K_x16>, I16Q6K, std:
 // product dot(u, y) scaled in int32, and offset * sum(scale * bsum) off the block's sum once (the
 // activation's bsums are its 16-value sums); then d_x * d_y and one fma per block, as ggml. Q2_K's
 // min term sum(min * bsum) goes to its own float sum with dmin_x * d_y, as in Q4_K.
+// Sub-block sb's int32 scales of the 16 rows from the int16 pairs.
+LLM_AVX512_INLINE __m512i k16_scale(const __m512i sc16[8], int sb) {
+    return sb % 2 ? _mm512_srai_epi32(sc16[sb / 2], 16) : _mm512_srai_epi32(_mm512_slli_epi32(sc16[sb / 2], 16), 16);
+}
+// A block's float step for one column y (VNNI and AMX kernels alike): the offset (or Q2_K's min)
+// term from the 16-value bsums, then d_x * d_y (dmin_x * d_y) and one fma per sum.
+template <class T>
+LLM_AVX512VNNI_INLINE void accumulate_k16(const typename T::G& B, const block_q8_K& y, const __m512i sc16[8], const __m512i mn16[8],
+                                      __m512i isum, __m512 dx, __m512& acc, __m512& accm) {
+    constexpr bool kMins = std::is_same_v<T, I16Q2K>;
+    __m512i off = _mm512_setzero_si512();
+    for (int p = 0; p < 8; p++) {
+        int32_t pair;  // bsums of sub-blocks 2p and 2p + 1
+        memcpy(&pair, y.bsums + 2 * p, 4);
+        off = _mm512_dpwssd_epi32(off, kMins ? mn16[p] : sc16[p], _mm512_set1_epi32(pair));
+    }
+    const __m512 yd = _mm512_set1_ps(y.d);
+    if constexpr (kMins) {
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dx, yd), acc);
+        const __m512 mx = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)B.dmin));
+        accm = _mm512_fmadd_ps(_mm512_cvtepi32_ps(off), _mm512_mul_ps(mx, yd), accm);
+    } else {
+        const __m512i sumi = _mm512_sub_epi32(isum, _mm512_slli_epi32(off, T::kOffsetShift));
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sumi), _mm512_mul_ps(dx, yd), acc);
+    }
+}
 template <class T, int NC>
 LLM_AVX512VNNI_FN void tile16_k16(int64_t k, const uint8_t* W, const uint8_t* A, size_t as, const float*, int64_t,
                                   const int32_t*, float* out, int64_t ld) {
@@ -3440,7 +3485,7 @@ LLM_AVX512VNNI_FN void tile16_k16(int64_t k, const uint8_t* W, const uint8_t* A,
             __m512i u[4];
 #pragma GCC unroll 4
             for (int j = 0; j < 4; j++) u[j] = T::group(B, 4 * sb + j);
-            const __m512i scale = sb % 2 ? _mm512_srai_epi32(sc16[sb / 2], 16) : _mm512_srai_epi32(_mm512_slli_epi32(sc16[sb / 2], 16), 16);
+            const __m512i scale = k16_scale(sc16, sb);
 #pragma GCC unroll 8
             for (int c = 0; c < NC; c++) {
                 __m512i dot = _mm512_setzero_si512();
@@ -3455,23 +3500,7 @@ LLM_AVX512VNNI_FN void tile16_k16(int64_t k, const uint8_t* W, const uint8_t* A,
         }
         const __m512 dx = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)B.d));
 #pragma GCC unroll 8
-        for (int c = 0; c < NC; c++) {
-            __m512i off = _mm512_setzero_si512();
-            for (int p = 0; p < 8; p++) {
-                int32_t pair;  // bsums of sub-blocks 2p and 2p + 1
-                memcpy(&pair, y[c]->bsums + 2 * p, 4);
-                off = _mm512_dpwssd_epi32(off, kMins ? mn16[p] : sc16[p], _mm512_set1_epi32(pair));
-            }
-            const __m512 yd = _mm512_set1_ps(y[c]->d);
-            if constexpr (kMins) {
-                acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[c]), _mm512_mul_ps(dx, yd), acc[c]);
-                const __m512 mx = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)B.dmin));
-                accm[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(off), _mm512_mul_ps(mx, yd), accm[c]);
-            } else {
-                const __m512i sumi = _mm512_sub_epi32(isum[c], _mm512_slli_epi32(off, T::kOffsetShift));
-                acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sumi), _mm512_mul_ps(dx, yd), acc[c]);
-            }
-        }
+        for (int c = 0; c < NC; c++) accumulate_k16<T>(B, *y[c], sc16, mn16, isum[c], dx, acc[c], accm[c]);
     }
 #pragma GCC unroll 8
     for (int c = 0; c < NC; c++) _mm512_storeu_ps(out + c * ld, _mm512_sub_ps(acc[c], accm[c]));
@@ -3482,19 +3511,55 @@ LLM_AVX512VNNI_FN void tile16_k16(int64_t k, const uint8_t* W, const uint8_t* A,
 // dot(u, y) - Offset * sum(y), exact in int32; S holds the columns' block scales as floats (q8_1: then
 // the s values), ysum their block sums. Per block: d_x * d_y, one fma, as ggml; affine types add
 // m_x * s_y to a second sum.
+// IQ4_NL's value table + Offset in every 128-bit lane (the index bytes' vpshufb table).
+template <int Offset>
+LLM_AVX512_INLINE __m512i iq4nl_table512() {
+    alignas(16) uint8_t t[16];
+    for (int i = 0; i < 16; i++) t[i] = (uint8_t)(kIQ4NLValues[i] + Offset);
+    return _mm512_broadcast_i32x4(_mm_load_si128((const __m128i*)t));
+}
+// A block's 16 rows as unsigned bytes u = value + Offset, four-value group i in u[i] (the VNNI
+// kernel's operands and the AMX kernel's B tile lines).
+template <class G, bool Table>
+LLM_AVX512_INLINE void unpack_b32(const G& B, __m512i table, __m512i u[8]) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    if constexpr (kHasBytes<G>) {
+        for (int i = 0; i < 8; i++) u[i] = _mm512_loadu_si512(B.qs[i]);
+    } else {
+        for (int c = 0; c < 4; c++) {
+            const __m512i q = _mm512_loadu_si512(B.qs[c]);
+            u[c] = _mm512_and_si512(q, m4);
+            u[c + 4] = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
+        }
+    }
+    if constexpr (kHasHigh<G>)
+        for (int i = 0; i < 8; i++) u[i] = _mm512_mask_add_epi8(u[i], (__mmask64)B.qh[i], u[i], _mm512_set1_epi8(16));
+    if constexpr (Table)
+        for (int i = 0; i < 8; i++) u[i] = _mm512_shuffle_epi8(table, u[i]);
+}
+// One block's float step for one column (shared by the VNNI and AMX kernels, so both round alike):
+// dot(u, y) less the offset term, times d_x * d_y into acc; affine types add m_x * s_y to accm.
+// Column c, block b of nb; S, ss, ysum: see tile16_b32; dx / mx: the rows' d and m.
+template <class G, int Offset>
+LLM_AVX512_INLINE void accumulate_b32(__m512i dot, __m512 dx, __m512 mx, const float* S, int64_t ss, const int32_t* ysum, int c,
+                                      int64_t b, int64_t nb, __m512& acc, __m512& accm) {
+    if constexpr (Offset != 0) dot = _mm512_sub_epi32(dot, _mm512_set1_epi32(Offset * ysum[c * nb + b]));
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(dx, _mm512_set1_ps(S[c * ss + b])), acc);
+    if constexpr (kHasMin<G>) accm = _mm512_fmadd_ps(mx, _mm512_set1_ps(S[c * ss + nb + b]), accm);
+}
+// The rows' m of an affine block as floats (zero for the others).
+template <class G>
+LLM_AVX512_INLINE __m512 mins_b32(const G& B) {
+    if constexpr (kHasMin<G>) return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)B.m));
+    else return _mm512_setzero_ps();
+}
 template <class G, int Offset, bool Table, int NC>
 LLM_AVX512VNNI_FN void tile16_b32(int64_t k, const uint8_t* W, const uint8_t* A, size_t as, const float* S, int64_t ss,
                                   const int32_t* ysum, float* out, int64_t ld) {
     using Y = std::conditional_t<kHasMin<G>, block_q8_1, block_q8_0>;
     const int64_t nb = k / 32;
     const G* x = (const G*)W;
-    const __m512i m4 = _mm512_set1_epi8(0x0F);
-    __m512i table = _mm512_setzero_si512();
-    if constexpr (Table) {
-        alignas(16) uint8_t t[16];
-        for (int i = 0; i < 16; i++) t[i] = (uint8_t)(kIQ4NLValues[i] + Offset);
-        table = _mm512_broadcast_i32x4(_mm_load_si128((const __m128i*)t));
-    }
+    const __m512i table = Table ? iq4nl_table512<Offset>() : _mm512_setzero_si512();
     __m512 acc[NC], accm[NC];
 #pragma GCC unroll 8
     for (int c = 0; c < NC; c++) acc[c] = accm[c] = _mm512_setzero_ps();
@@ -3502,20 +3567,8 @@ LLM_AVX512VNNI_FN void tile16_b32(int64_t k, const uint8_t* W, const uint8_t* A,
         const G& B = x[b];
         prefetch_ahead<sizeof(G)>(&B);
         __m512i u[8];
-        if constexpr (kHasBytes<G>) {
-            for (int i = 0; i < 8; i++) u[i] = _mm512_loadu_si512(B.qs[i]);
-        } else {
-            for (int c = 0; c < 4; c++) {
-                const __m512i q = _mm512_loadu_si512(B.qs[c]);
-                u[c] = _mm512_and_si512(q, m4);
-                u[c + 4] = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
-            }
-        }
-        if constexpr (kHasHigh<G>)
-            for (int i = 0; i < 8; i++) u[i] = _mm512_mask_add_epi8(u[i], (__mmask64)B.qh[i], u[i], _mm512_set1_epi8(16));
-        if constexpr (Table)
-            for (int i = 0; i < 8; i++) u[i] = _mm512_shuffle_epi8(table, u[i]);
-        const __m512 dx = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)B.d));
+        unpack_b32<G, Table>(B, table, u);
+        const __m512 dx = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)B.d)), mx = mins_b32(B);
 #pragma GCC unroll 8
         for (int c = 0; c < NC; c++) {
             const Y& y = ((const Y*)(A + c * as))[b];
@@ -3526,11 +3579,7 @@ LLM_AVX512VNNI_FN void tile16_b32(int64_t k, const uint8_t* W, const uint8_t* A,
                 memcpy(&a, y.qs + 4 * i, 4);
                 dot = _mm512_dpbusd_epi32(dot, u[i], _mm512_set1_epi32(a));
             }
-            if constexpr (Offset != 0) dot = _mm512_sub_epi32(dot, _mm512_set1_epi32(Offset * ysum[c * nb + b]));
-            acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(dx, _mm512_set1_ps(S[c * ss + b])), acc[c]);
-            if constexpr (kHasMin<G>)
-                accm[c] = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)B.m)), _mm512_set1_ps(S[c * ss + nb + b]),
-                                          accm[c]);
+            accumulate_b32<G, Offset>(dot, dx, mx, S, ss, ysum, c, b, nb, acc[c], accm[c]);
         }
     }
 #pragma GCC unroll 8
@@ -3860,6 +3909,287 @@ inline const InterleavedType* interleaved_type(Type t) {
 }
 } // namespace qimpl
 
+// ---- 6x. AMX tiles for prefill (Sapphire Rapids and newer) ------------------------------------
+// The interleaved groups' 64-byte lines (four values of each of 16 rows, row r at bytes 4r..4r+3)
+// are already the B operand of AMX's byte tile products, so AMX reuses the repacked weights as they
+// are (lossless, same size, no second layout). One tile product C[col][row] = A[col] . B[row] covers
+// one 32-value block (K-quants: one 32- or 16-value sub-block) of 16 activation columns and 16 rows:
+// the activations' signed quants are A, loaded in place (one line per column, the activation row
+// as stride), the unsigned weight bytes u = value + offset are B (TDPBSUD), unpacked to a 512-byte
+// buffer first except for Q8_0. The int32 products are exact, so each block's sum equals the VNNI
+// kernel's; the products of a few blocks are stored, then every column runs the VNNI kernel's float
+// steps (the shared accumulate_* functions) in the same block order: results are bit-identical.
+// The OS must grant the tile state (arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA), once).
+namespace qimpl {
+#if defined(LLM_X86) && defined(__linux__)
+// cpuid: AMX-TILE and AMX-INT8; XCR0: XTILECFG and XTILEDATA enabled; then the permission request.
+inline bool amx_granted() {
+    uint32_t a, b, c, d;
+    __asm__ __volatile__("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(0), "c"(0));
+    if (a < 7 || !cpu().vnni) return false;
+    __asm__ __volatile__("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(7), "c"(0));
+    if (!(d >> 24 & 1) || !(d >> 25 & 1)) return false;
+    uint32_t lo, hi;
+    __asm__ __volatile__("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    if ((lo & 0x60000) != 0x60000) return false;
+    constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+    return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+}
+#else
+inline bool amx_granted() { return false; }
+#endif
+
+// -1: not chosen yet, else whether AMX is on (when available and the ISA in use is AVX-512 VNNI).
+inline std::atomic<int>& amx_state() {
+    static std::atomic<int> s{-1};
+    return s;
+}
+
+#if defined(LLM_X86) && defined(__linux__)
+#define LLM_AMX_FN \
+    __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,amx-tile,amx-int8")))
+#define LLM_AMX_INLINE \
+    __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,amx-tile,amx-int8"), always_inline)) inline
+
+// Palette 1: tiles 0, 1 = A (16 columns x k_bytes), 2 = B (k_bytes / 4 lines of 64), 4, 5 = C (16 x 16 int32).
+struct alignas(64) TileConfig {
+    uint8_t palette = 1, start_row = 0, reserved[14] = {};
+    uint16_t colsb[16] = {};
+    uint8_t rows[16] = {};
+};
+LLM_AMX_INLINE void amx_configure(int k_bytes) {
+    TileConfig cfg;
+    for (int t : {0, 1}) cfg.rows[t] = 16, cfg.colsb[t] = (uint16_t)k_bytes;
+    cfg.rows[2] = (uint8_t)(k_bytes / 4), cfg.colsb[2] = 64;
+    for (int t : {4, 5}) cfg.rows[t] = 16, cfg.colsb[t] = 64;
+    _tile_loadconfig(&cfg);
+}
+// dots[c][r] = (activation column c: the A line at a + c * as) . (weight row r: the B tile at w) for
+// NT * 16 columns; the weight bytes signed or unsigned.
+template <int NT, bool Signed>
+LLM_AMX_INLINE void amx_product(const uint8_t* w, const uint8_t* a, size_t as, int32_t (*dots)[16]) {
+    _tile_loadd(2, w, 64);
+    _tile_loadd(0, a, (long)as);
+    _tile_zero(4);
+    if constexpr (Signed) _tile_dpbssd(4, 0, 2);
+    else _tile_dpbsud(4, 0, 2);
+    if constexpr (NT == 2) {
+        _tile_loadd(1, a + 16 * as, (long)as);
+        _tile_zero(5);
+        if constexpr (Signed) _tile_dpbssd(5, 1, 2);
+        else _tile_dpbsud(5, 1, 2);
+        _tile_stored(5, dots[16], 64);
+    }
+    _tile_stored(4, dots[0], 64);
+}
+
+LLM_AVX512_WARNINGS_OFF
+// 32-value types (see tile16_b32): kAmxBlocks blocks' products, then each column's float steps. Types
+// stored with an offset go back to signed values (TDPBSSD), so the offset term drops out: the same
+// integer as dot(u, y) - Offset * sum(y).
+constexpr int kAmxBlocks = 8;
+template <class G, int Offset, bool Table, int NT>
+LLM_AMX_FN void amx16_b32(int64_t k, const uint8_t* W, const uint8_t* A, size_t as, const float* S, int64_t ss,
+                          const int32_t* ysum, float* out, int64_t ld) {
+    using Y = std::conditional_t<kHasMin<G>, block_q8_1, block_q8_0>;
+    constexpr int NC = 16 * NT;
+    const int64_t nb = k / 32;
+    const G* x = (const G*)W;
+    const __m512i table = Table ? iq4nl_table512<Offset>() : _mm512_setzero_si512();
+    amx_configure(32);
+    __m512 acc[NC], accm[NC];
+    for (int c = 0; c < NC; c++) acc[c] = accm[c] = _mm512_setzero_ps();
+    alignas(64) int32_t dots[kAmxBlocks][NC][16];
+    alignas(64) uint8_t unpacked[kAmxBlocks][8][64];
+    for (int64_t b0 = 0; b0 < nb; b0 += kAmxBlocks) {
+        const int n = (int)std::min<int64_t>(kAmxBlocks, nb - b0);
+        __m512 dx[kAmxBlocks], mx[kAmxBlocks];
+        const uint8_t* w[kAmxBlocks];
+        for (int i = 0; i < n; i++) {  // the vector work first, then the tile products
+            const G& B = x[b0 + i];
+            prefetch_ahead<sizeof(G)>(&B);
+            w[i] = (const uint8_t*)B.qs;
+            if constexpr (!kHasBytes<G> || Offset != 0) {
+                __m512i u[8];
+                unpack_b32<G, Table>(B, table, u);
+                for (int l = 0; l < 8; l++) _mm512_store_si512(unpacked[i][l], _mm512_sub_epi8(u[l], _mm512_set1_epi8((char)Offset)));
+                w[i] = unpacked[i][0];
+            }
+            dx[i] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)B.d)), mx[i] = mins_b32(B);
+        }
+        for (int i = 0; i < n; i++) amx_product<NT, Offset != 0>(w[i], A + (b0 + i) * sizeof(Y) + offsetof(Y, qs), as, dots[i]);
+        for (int c = 0; c < NC; c += 4)  // four columns' sums at a time (independent fma chains)
+            for (int i = 0; i < n; i++)
+#pragma GCC unroll 4
+                for (int cc = c; cc < c + 4; cc++)
+                    accumulate_b32<G, 0>(_mm512_load_si512(dots[i][cc]), dx[i], mx[i], S, ss, ysum, cc, b0 + i, nb, acc[cc], accm[cc]);
+    }
+    for (int c = 0; c < NC; c++) _mm512_storeu_ps(out + c * ld, _mm512_add_ps(acc[c], accm[c]));
+}
+
+// Q4_K / Q5_K (see tile16_q45_K): a block's eight 32-value sub-blocks, then per column the scaled
+// integer sum and the block's float steps.
+template <class G, int NT>
+LLM_AMX_FN void amx16_q45_K(int64_t k, const uint8_t* W, const uint8_t* A, size_t as, const float*, int64_t, const int32_t*,
+                            float* out, int64_t ld) {
+    constexpr int NC = 16 * NT;
+    const int64_t nb = k / QK_K;
+    const G* x = (const G*)W;
+    amx_configure(32);
+    __m512 acc[NC], accm[NC];
+    for (int c = 0; c < NC; c++) acc[c] = accm[c] = _mm512_setzero_ps();
+    alignas(64) int32_t dots[8][NC][16];
+    alignas(64) uint8_t unpacked[8][8][64];
+    for (int64_t b = 0; b < nb; b++) {
+        const G& B = x[b];
+        alignas(64) uint8_t sc[128], mn[128];
+        unpack6<128>(B.scales_lo, B.hi, 0, sc);
+        unpack6<128>(B.mins_lo, B.hi, 4, mn);
+        for (int sb = 0; sb < 8; sb++) {
+            prefetch_ahead<sizeof(G) / 8>((const char*)&B + sb * (sizeof(G) / 8));
+            for (int ch = 0; ch < 4; ch++) {
+                __m512i lo, hi;
+                unpack_q45_K(B, sb, ch, lo, hi);
+                _mm512_store_si512(unpacked[sb][ch], lo);
+                _mm512_store_si512(unpacked[sb][ch + 4], hi);
+            }
+        }
+        for (int sb = 0; sb < 8; sb++)
+            amx_product<NT, false>(unpacked[sb][0], A + b * sizeof(block_q8_K) + offsetof(block_q8_K, qs) + 32 * sb, as, dots[sb]);
+        __m512i scale[8];
+        for (int sb = 0; sb < 8; sb++) scale[sb] = _mm512_cvtepu8_epi32(_mm_load_si128((const __m128i*)(sc + 16 * sb)));
+        const __m512 dx = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)B.d));
+        const __m512 mx = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)B.dmin));
+        for (int c = 0; c < NC; c += 4) {  // four columns at a time (independent chains)
+            __m512i isum[4] = {};
+            for (int sb = 0; sb < 8; sb++)
+#pragma GCC unroll 4
+                for (int cc = 0; cc < 4; cc++)
+                    isum[cc] = _mm512_add_epi32(isum[cc], _mm512_mullo_epi32(_mm512_load_si512(dots[sb][c + cc]), scale[sb]));
+#pragma GCC unroll 4
+            for (int cc = 0; cc < 4; cc++)
+                accumulate_q45_K(((const block_q8_K*)(A + (c + cc) * as))[b], mn, isum[cc], dx, mx, acc[c + cc], accm[c + cc]);
+        }
+    }
+    for (int c = 0; c < NC; c++) _mm512_storeu_ps(out + c * ld, _mm512_sub_ps(acc[c], accm[c]));
+}
+
+// Q6_K / Q3_K / Q2_K (see tile16_k16): a block's sixteen 16-value sub-blocks, then per column.
+template <class T, int NT>
+LLM_AMX_FN void amx16_k16(int64_t k, const uint8_t* W, const uint8_t* A, size_t as, const float*, int64_t, const int32_t*,
+                          float* out, int64_t ld) {
+    using G = typename T::G;
+    constexpr int NC = 16 * NT;
+    const int64_t nb = k / QK_K;
+    const G* x = (const G*)W;
+    amx_configure(16);
+    __m512 acc[NC], accm[NC];
+    for (int c = 0; c < NC; c++) acc[c] = accm[c] = _mm512_setzero_ps();
+    alignas(64) int32_t dots[16][NC][16];
+    alignas(64) uint8_t unpacked[16][4][64];
+    for (int64_t b = 0; b < nb; b++) {
+        const G& B = x[b];
+        __m512i sc16[8], mn16[8];
+        T::scales(B, sc16);
+        if constexpr (std::is_same_v<T, I16Q2K>) T::mins(B, mn16);
+        for (int sb = 0; sb < 16; sb++) {
+            prefetch_ahead<sizeof(B) / 16>((const char*)&B + sb * (sizeof(B) / 16));
+            for (int j = 0; j < 4; j++) _mm512_store_si512(unpacked[sb][j], T::group(B, 4 * sb + j));
+        }
+        for (int sb = 0; sb < 16; sb++)
+            amx_product<NT, false>(unpacked[sb][0], A + b * sizeof(block_q8_K) + offsetof(block_q8_K, qs) + 16 * sb, as, dots[sb]);
+        const __m512 dx = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)B.d));
+        __m512i scale[16];
+        for (int sb = 0; sb < 16; sb++) scale[sb] = k16_scale(sc16, sb);
+        for (int c = 0; c < NC; c += 4) {  // four columns at a time (independent chains)
+            __m512i isum[4] = {};
+            for (int sb = 0; sb < 16; sb++)
+#pragma GCC unroll 4
+                for (int cc = 0; cc < 4; cc++)
+                    isum[cc] = _mm512_add_epi32(isum[cc], _mm512_mullo_epi32(_mm512_load_si512(dots[sb][c + cc]), scale[sb]));
+#pragma GCC unroll 4
+            for (int cc = 0; cc < 4; cc++)
+                accumulate_k16<T>(B, ((const block_q8_K*)(A + (c + cc) * as))[b], sc16, mn16, isum[cc], dx, acc[c + cc], accm[c + cc]);
+        }
+    }
+    for (int c = 0; c < NC; c++) _mm512_storeu_ps(out + c * ld, _mm512_sub_ps(acc[c], accm[c]));
+}
+LLM_AVX512_WARNINGS_ON
+#endif
+
+// Fewer columns go to the vector tiles (measured: see docs/performance.md).
+constexpr int64_t kAmxMinColumns = 16;
+// The AMX tiles of a weight type for 16 and 32 columns (nullptr: none), or nullptr. The K-quants'
+// products of 32 columns (16 or 32 KiB) crowd L1 out: measured slower than twice 16 columns.
+inline const Tile16Fn* amx_tiles(Type t) {
+#if defined(LLM_X86) && defined(__linux__)
+    static const Tile16Fn q4_0[2] = {amx16_b32<block_q4_0_x16, 8, false, 1>, amx16_b32<block_q4_0_x16, 8, false, 2>};
+    static const Tile16Fn q4_1[2] = {amx16_b32<block_q4_1_x16, 0, false, 1>, amx16_b32<block_q4_1_x16, 0, false, 2>};
+    static const Tile16Fn q5_0[2] = {amx16_b32<block_q5_0_x16, 16, false, 1>, amx16_b32<block_q5_0_x16, 16, false, 2>};
+    static const Tile16Fn q5_1[2] = {amx16_b32<block_q5_1_x16, 0, false, 1>, amx16_b32<block_q5_1_x16, 0, false, 2>};
+    static const Tile16Fn q8_0[2] = {amx16_b32<block_q8_0_x16, 128, false, 1>, amx16_b32<block_q8_0_x16, 128, false, 2>};
+    static const Tile16Fn iq4_nl[2] = {amx16_b32<block_q4_0_x16, 128, true, 1>, amx16_b32<block_q4_0_x16, 128, true, 2>};
+    static const Tile16Fn q4_K[2] = {amx16_q45_K<block_q4_K_x16, 1>, nullptr};
+    static const Tile16Fn q5_K[2] = {amx16_q45_K<block_q5_K_x16, 1>, nullptr};
+    static const Tile16Fn q6_K[2] = {amx16_k16<I16Q6K, 1>, nullptr};
+    static const Tile16Fn q3_K[2] = {amx16_k16<I16Q3K, 1>, nullptr};
+    static const Tile16Fn q2_K[2] = {amx16_k16<I16Q2K, 1>, nullptr};
+    switch (t) {
+    case Type::Q4_0: return q4_0;
+    case Type::Q4_1: return q4_1;
+    case Type::Q5_0: return q5_0;
+    case Type::Q5_1: return q5_1;
+    case Type::Q8_0: return q8_0;
+    case Type::IQ4_NL: return iq4_nl;
+    case Type::Q4_K: return q4_K;
+    case Type::Q5_K: return q5_K;
+    case Type::Q6_K: return q6_K;
+    case Type::Q3_K: return q3_K;
+    case Type::Q2_K: return q2_K;
+    default: return nullptr;
+    }
+#else
+    (void)t;
+    return nullptr;
+#endif
+}
+
+// Frees the tile state (a thread that used AMX keeps 8 KiB of it in every context switch otherwise).
+#if defined(LLM_X86) && defined(__linux__)
+LLM_AMX_FN inline void amx_release() { _tile_release(); }
+#else
+inline void amx_release() {}
+#endif
+} // namespace qimpl
+
+bool amx_available() {
+    static const bool granted = qimpl::amx_granted();
+    return granted;
+}
+
+// The initial choice: on where available, off under $LLM_ISA=avx512 (or a lower tier).
+static bool amx_initial() {
+    const char* env = getenv("LLM_ISA");
+    if (env && strcmp(env, "amx") == 0 && !amx_available())
+        fprintf(stderr, "llm: LLM_ISA=amx is not supported by this CPU (or the OS refused the tile state), using %s\n",
+                isa_name(isa_best()).c_str());
+    return amx_available() && (!env || !*env || strcmp(env, "amx") == 0);
+}
+
+bool amx_enabled() {
+    int s = qimpl::amx_state().load(std::memory_order_relaxed);
+    if (s < 0) {
+        s = amx_initial();
+        qimpl::amx_state().store(s, std::memory_order_relaxed);
+    }
+    return s && isa_current() == Isa::AVX512 && qimpl::cpu().vnni;
+}
+
+void amx_set(bool on) {
+    if (on && !amx_available()) fail("AMX is not supported by this CPU (or the OS refused the tile state)");
+    qimpl::amx_state().store(on, std::memory_order_relaxed);
+}
+
 namespace qimpl {
 // The interleaved tiles of the ISA in use: AVX-512 VNNI's, else AVX2's; nullptr on the scalar path.
 inline const Tile16Fn* interleaved_tiles(const InterleavedType& it) {
@@ -3927,16 +4257,21 @@ void matmul_rows_interleaved(Type wt, const uint8_t* W, int64_t k, int64_t r0, i
         act_info(vec_dot_type(wt), act, act_row_bytes, n_act, k, it.needs_sums, local), info = &local;
     const int64_t ss = info->stride;
     const qimpl::Tile16Fn* tiles = qimpl::interleaved_tiles(it);
-    // Per row group, every column (the group's weights stay in L1/L2 across column tiles).
+    const qimpl::Tile16Fn* amx = n_act >= qimpl::kAmxMinColumns && amx_enabled() ? qimpl::amx_tiles(wt) : nullptr;
+    // Per row group, every column (the group's weights stay in L1/L2 across column tiles): AMX's
+    // 32 and 16 columns first, then the vector tiles.
     for (int64_t g = r0; g < r1; g += kInterleaveRows) {
         int64_t j = 0;
-        for (int w = 3; w >= 0; w--) {
-            const int nc = qimpl::kTileWidths[w];
+        auto run = [&](qimpl::Tile16Fn tile, int nc) {
             for (; j + nc <= n_act; j += nc)
-                tiles[w](k, W + g * rb, act + j * act_row_bytes, act_row_bytes, info->scales.data() + j * ss, ss,
-                           it.needs_sums ? info->sums.data() + j * (k / QK8_0) : nullptr, out + j * ld_out + g, ld_out);
-        }
+                tile(k, W + g * rb, act + j * act_row_bytes, act_row_bytes, info->scales.data() + j * ss, ss,
+                     it.needs_sums ? info->sums.data() + j * (k / QK8_0) : nullptr, out + j * ld_out + g, ld_out);
+        };
+        if (amx && amx[1]) run(amx[1], 32);
+        if (amx) run(amx[0], 16);
+        for (int w = 3; w >= 0; w--) run(tiles[w], qimpl::kTileWidths[w]);
     }
+    if (amx) qimpl::amx_release();
 }
 
 // ---- attention's weighted sum of cache rows --------------------------------------------------

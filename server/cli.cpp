@@ -160,6 +160,7 @@ int run_complete(const Options& o, const llm::Model& m) {
     fprintf(stderr, "kv cache: %.2f MiB for %d tokens, %.2f KiB per token (K %s, V %s); %d threads\n",
             mib(ctx.kv_bytes()), ctx.n_ctx(), ctx.kv_bytes_per_token() / 1024.0, llm::type_info(o.type_k).name,
             llm::type_info(o.type_v).name, ctx.n_threads());
+    fprintf(stderr, "cpu kernels: %s\n", llm::isa_name(llm::isa_current()).c_str());
     if ((int)tokens.size() >= ctx.n_ctx_seq()) {
         throw llm::Error("prompt of " + std::to_string(tokens.size()) + " tokens does not fit the context of " +
                          std::to_string(ctx.n_ctx_seq()) + " (raise -c)");
@@ -246,6 +247,7 @@ int run_bench(const Options& o, const llm::Model& m) {
     };
     char model_desc[128];
     snprintf(model_desc, sizeof model_desc, "%s %.0fM", m.arch_str.c_str(), m.n_params() / 1e6);
+    fprintf(stderr, "cpu kernels: %s\n", llm::isa_name(llm::isa_current()).c_str());
     printf("| %-20s | %10s | %8s | %7s | %7s | %16s |\n", "model", "size", "params", "threads", "test", "t/s (median)");
     printf("| %-20s | %10s | %8s | %7s | %7s | %16s |\n", "---", "---", "---", "---", "---", "---");
     auto row = [&](const std::string& test, std::pair<double, double> r) {

@@ -163,6 +163,7 @@ void load(const Options& o, const SchedulerConfig& cfg, Engine& e) {
     log_msg('I', "kv cache: %d slots, %s of %d tokens, %.2f MiB (K %s, V %s); %d threads; %d tokens per step", cfg.n_slots,
             cfg.kv_unified ? "one shared pool" : "each", cfg.kv_unified ? e.ctx->n_ctx() : e.ctx->n_ctx_seq(), mib(e.ctx->kv_bytes()),
             llm::type_info(o.type_k).name, llm::type_info(o.type_v).name, e.ctx->n_threads(), cfg.budget);
+    log_msg('I', "cpu kernels: %s", llm::isa_name(llm::isa_current()).c_str());
     e.chat = choose_chat_template(o.srv, *e.model);
     if (o.srv.warmup) {  // touch every weight once, so the first request does not pay for page-ins
         t0 = now_seconds();

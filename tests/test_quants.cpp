@@ -165,6 +165,24 @@ std::vector<llm::Isa> supported_isas() {
     return v;
 }
 
+// `rows` random weight rows of type t; `cols` activation columns of type `at` (quantized random floats).
+std::vector<uint8_t> random_rows(std::mt19937& rng, Type t, int64_t k, int64_t rows) {
+    std::vector<uint8_t> W;
+    for (int64_t r = 0; r < rows; r++) {
+        std::vector<uint8_t> w = random_weights(rng, t, k);
+        W.insert(W.end(), w.begin(), w.end());
+    }
+    return W;
+}
+std::vector<uint8_t> random_activations(std::mt19937& rng, Type at, int64_t k, int64_t cols) {
+    std::vector<uint8_t> A;
+    for (int64_t c = 0; c < cols; c++) {
+        std::vector<uint8_t> q = quantized(at, random_floats(rng, k, 1.0f));
+        A.insert(A.end(), q.begin(), q.end());
+    }
+    return A;
+}
+
 struct IsaGuard {  // restores the automatic choice when a test forced one
     llm::Isa saved = llm::isa_current();
     ~IsaGuard() { llm::isa_set(saved); }
@@ -343,15 +361,7 @@ TEST_CASE("quants: matmul_rows equals vec_dot for every tile shape") {
         CAPTURE(llm::type_info(t).name);
         const Type at = llm::vec_dot_type(t);
         const size_t wrow = llm::row_bytes(t, k), arow = llm::row_bytes(at, k);
-        std::vector<uint8_t> W, A;
-        for (int r = 0; r < rows; r++) {
-            std::vector<uint8_t> w = random_weights(rng, t, k);
-            W.insert(W.end(), w.begin(), w.end());
-        }
-        for (int c = 0; c < cols; c++) {
-            std::vector<uint8_t> q = quantized(at, random_floats(rng, k, 1.0f));
-            A.insert(A.end(), q.begin(), q.end());
-        }
+        const std::vector<uint8_t> W = random_rows(rng, t, k, rows), A = random_activations(rng, at, k, cols);
         for (llm::Isa isa : supported_isas()) {
             CAPTURE(llm::isa_name(isa));
             llm::isa_set(isa);
@@ -501,4 +511,45 @@ TEST_CASE("quants: isa_set rejects what the CPU lacks") {
     CHECK_NOTHROW(llm::isa_set(llm::Isa::Scalar));
     if (llm::isa_best() != llm::Isa::AVX512) CHECK_THROWS_AS(llm::isa_set(llm::Isa::AVX512), llm::Error);
     CHECK(!llm::isa_name(llm::isa_best()).empty());
+}
+
+TEST_CASE("quants: AMX tiles equal the AVX-512 VNNI tiles bit for bit") {
+    if (!llm::amx_available()) {
+        MESSAGE("AMX not available on this CPU/OS: skipped");
+        CHECK_THROWS_AS(llm::amx_set(true), llm::Error);
+        return;
+    }
+    IsaGuard guard;
+    const bool amx_was = llm::amx_enabled();
+    llm::isa_set(llm::Isa::AVX512);
+    std::mt19937 rng(21);
+    const int64_t rows = 32, cols = 53, ld = rows + 5;  // 53 = 32 + 16 AMX columns and a 5-column vector tail
+    for (Type t : {Type::Q2_K, Type::Q3_K, Type::Q4_K, Type::Q5_K, Type::Q6_K, Type::Q4_0, Type::Q4_1, Type::Q5_0, Type::Q5_1, Type::Q8_0, Type::IQ4_NL}) {
+        CAPTURE(llm::type_info(t).name);
+        const bool kquant = llm::type_info(t).block_size == 256;
+        const int64_t k = kquant ? 512 : 352;  // 352: 11 blocks, a partial group of the kernel's 8
+        const Type at = llm::vec_dot_type(t);
+        const size_t wrow = llm::row_bytes(t, k), arow = llm::row_bytes(at, k);
+        const std::vector<uint8_t> W = random_rows(rng, t, k, rows), A = random_activations(rng, at, k, cols);
+        std::vector<uint8_t> packed(W.size());
+        llm::interleave_rows16(t, W.data(), packed.data(), k, rows);
+        for (int64_t n_act : {(int64_t)15, (int64_t)16, (int64_t)32, cols}) {
+            CAPTURE(n_act);
+            std::vector<float> vnni(ld * cols, -1.0f), amx(ld * cols, -1.0f), rows_ref(ld * cols, -1.0f);
+            llm::amx_set(false);
+            CHECK(llm::isa_name(llm::Isa::AVX512) == "avx512-vnni");
+            llm::matmul_rows_interleaved(t, packed.data(), k, 0, rows, A.data(), arow, n_act, vnni.data(), ld);
+            llm::amx_set(true);
+            CHECK(llm::isa_name(llm::Isa::AVX512) == "avx512-vnni+amx");
+            llm::matmul_rows_interleaved(t, packed.data(), k, 0, rows, A.data(), arow, n_act, amx.data(), ld);
+            llm::matmul_rows(t, W.data(), wrow, k, 0, rows, A.data(), arow, n_act, rows_ref.data(), ld);
+            CHECK(amx == vnni);  // the same integer block sums and float steps
+            size_t far = 0;  // and both near the row kernels (another block summation order)
+            for (size_t i = 0; i < amx.size(); i++) far += std::fabs(amx[i] - rows_ref[i]) > 1e-3f * (1 + std::fabs(rows_ref[i]));
+            CHECK(far == 0);
+            CHECK(amx[(n_act - 1) * ld + rows] == -1.0f);   // untouched: past the rows
+            if (n_act < cols) CHECK(amx[n_act * ld] == -1.0f);  // and past the columns
+        }
+    }
+    llm::amx_set(amx_was);
 }
