@@ -250,7 +250,7 @@ const std::vector<Flag>& flags() {
          [](Options& o, const Arg& a) { o.srv.n_keep = a.to_int(); }},
         {{"--swa-full"}, {}, "LLAMA_ARG_SWA_FULL", nullptr, G::Common, "full-size SWA cache", note("the KV cache keeps every position of every layer already (ignored)")},
         {{"-fa", "--flash-attn"}, {}, "LLAMA_ARG_FLASH_ATTN", "[on|off|auto]", G::Common,
-         "Flash Attention (default auto; attention runs fused on the CPU and GPU either way, off refuses a quantized V cache)",
+         "Flash Attention (default auto = on; off: the softmax over all positions, then V, as llama.cpp without it (GPU; the CPU always fuses), and no quantized V cache)",
          [](Options& o, const Arg& a) { o.flash_attn = a.to_flash_attn(); }},
         {{"--perf"}, {"--no-perf"}, "LLAMA_ARG_PERF", nullptr, G::Common, "internal performance timings", note("timings are always reported (ignored)")},
         {{"-e", "--escape"}, {"--no-escape"}, nullptr, nullptr, G::Common, "process escapes (\\n, \\r, \\t, \\', \\\", \\\\) in -p (default: off here)",
