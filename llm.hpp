@@ -34,8 +34,9 @@
 //  13. Model                 hyperparameters from metadata (read_hparams, shared with the quantizer),
 //                            tensor binding per architecture, layer placement (offload driver),
 //                            load-time repacking of the CPU's matmul weights
-//  14. KV cache              paged cells in f32/f16/q8_0/q4_0/iq4_nl, per-sequence or unified; chunks
-//                            moved to earlier positions, keys re-rotated (seq_move, in 15)
+//  14. KV cache              paged cells in f32/f16/q8_0/q4_0/iq4_nl (quantized rows Hadamard-rotated,
+//                            kv_rotation), per-sequence or unified; chunks moved to earlier positions,
+//                            keys re-rotated (seq_move, in 15)
 //  15. Forward pass          GQA and MLA attention, dense and MoE FFN, one path for prefill and decode;
 //                            the device layers' hand-off to an offload backend; the bert encoder,
 //                            embeddings and pooling (mean/cls/last/rank head)
@@ -675,6 +676,14 @@ public:
 };
 
 // ---- Context: KV cache and evaluation -------------------------------------------------------
+// llama.cpp's -fa: attention always runs fused (CPU and GPU); Off refuses a quantized V cache, as
+// llama.cpp does without flash attention.
+enum class FlashAttn { Auto, On, Off };
+
+// The Walsh-Hadamard block a KV cache of type t rotates its K (key) or V rows by, for heads of
+// head_dim values: 0 (none) for f32/f16, MLA's latent cache and heads not a multiple of 64.
+int kv_rotation(Type t, int head_dim, bool key, bool mla);
+
 struct ContextParams {
     int n_ctx = 0;           // total cells; 0 = the model's training context capped at 4096
     int n_seq = 1;           // independent sequences (server slots); each gets n_ctx / n_seq cells
@@ -687,6 +696,7 @@ struct ContextParams {
     bool moe_grouped = true;  // MoE prefill runs each expert once over all its tokens (false: token by token)
     bool embeddings = false;  // decode keeps embeddings (per output entry and pooled per sequence), no logits
     Pooling pooling = Pooling::Unspecified;  // embeddings' pooling; Unspecified: the model's own
+    FlashAttn flash_attn = FlashAttn::Auto;
 };
 
 // A batch of tokens to evaluate. Tokens of one sequence must come in increasing positions, and a
@@ -13190,6 +13200,13 @@ std::unique_ptr<Model> Model::load(const std::string& path, const ModelOptions& 
 // positions map to cells through its page table (pages of 16 cells), so sequences can share one
 // pool and a truncated sequence returns its pages. Memory is reserved once, untouched until used.
 
+int kv_rotation(Type t, int head_dim, bool key, bool mla) {
+    if (mla || t == Type::F32 || t == Type::F16 || head_dim % 64) return 0;
+    int n = 64;  // K: the largest power of two dividing the head size; V: 64
+    while (key && head_dim % (n * 2) == 0) n *= 2;
+    return n;
+}
+
 struct KVCache {
     static constexpr int kBlock = 16;    // cells per page
     Type type_k = Type::F16, type_v = Type::F16;
@@ -13228,12 +13245,8 @@ struct KVCache {
         }
         row_k = row_bytes(type_k, dim_k);
         row_v = row_bytes(type_v, dim_v);
-        auto quantized = [](Type t) { return t != Type::F32 && t != Type::F16; };
-        if (!hp.mla && quantized(type_k) && hp.head_dim_k % 64 == 0) {
-            rot_k = 64;  // the largest power of two dividing the head size
-            while (hp.head_dim_k % (rot_k * 2) == 0) rot_k *= 2;
-        }
-        if (!hp.mla && quantized(type_v) && hp.head_dim_v % 64 == 0) rot_v = 64;
+        rot_k = kv_rotation(type_k, hp.head_dim_k, true, hp.mla);
+        rot_v = kv_rotation(type_v, hp.head_dim_v, false, hp.mla);
         const size_t cells = (size_t)n_blocks * kBlock;
         for (int il = 0; il < n_cpu_layers; il++) {  // an offload device holds the other layers' rows
             // new[] without value-initialization: pages are only committed as tokens are written.
@@ -14113,6 +14126,8 @@ Context::Context(const Model& model, const ContextParams& params, std::shared_pt
     if (p.n_ctx <= 0) p.n_ctx = std::min(model.hp.n_ctx_train, 4096);
     if (p.n_ctx < p.n_seq) fail("context of %d cells cannot hold %d sequences", p.n_ctx, p.n_seq);
     if (!model.hp.causal && !p.embeddings) fail("an encoder (%s) has no logits: use it with embeddings on", model.arch_str.c_str());
+    if (p.flash_attn == FlashAttn::Off && p.type_v != Type::F32 && p.type_v != Type::F16)
+        fail("V cache quantization requires flash attention (-fa on or auto)");
     impl_ = std::make_unique<Impl>(model, p, std::move(pool));
     impl_->kv.init(model.hp, p, p.n_ctx, std::min(model.hp.n_layer, model.placement.first_device_layer));
     if (model.placement.any()) {

@@ -1,9 +1,11 @@
 // backend.hpp - the host side of the GPU backend: llm::OffloadBackend over a Device (CUDA's driver API,
-// or the SIMT emulator in tests), running the device layers of a dense transformer (llama, qwen2, qwen3,
-// gemma3) with the kernels of cuda/*.cuh, launched by name.
+// or the SIMT emulator in tests), running the device layers of a transformer (llama, qwen2, qwen3,
+// gemma3; qwen3moe and deepseek2 with MoE FFNs, deepseek2 with MLA attention) with the kernels of
+// cuda/*.cuh, launched by name.
 //
-// Weights are uploaded from the file's layout at context creation; the KV cache (f16) holds one row per
-// cell of the context's pool, so the CPU's page tables address it. A batch uploads the activations once,
+// Weights are uploaded from the file's layout at context creation; the KV cache (f16, q8_0, q4_0 or
+// iq4_nl, K and V independently, rows rotated as the CPU's are) holds one row per cell of the context's
+// pool, so the CPU's page tables address it. A batch uploads the activations once,
 // runs every device layer, and downloads either the activations or the logits once.
 #pragma once
 #include "../llm.hpp"
@@ -12,6 +14,7 @@
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <tuple>
 #include <vector>
 
 namespace llm_gpu {
@@ -71,32 +74,48 @@ inline const char* kernel_type_name(llm::Type t) {
     default: return nullptr;
     }
 }
-// Types multiplied by q8_1 activations through dp4a, as the CPU multiplies them by 8-bit activations.
-inline bool has_dp4a(llm::Type t) {
-    return t == llm::Type::Q4_0 || t == llm::Type::Q4_1 || t == llm::Type::Q5_0 || t == llm::Type::Q5_1 ||
-           t == llm::Type::Q8_0 || t == llm::Type::IQ4_NL;
+// The integer activations a type's matvec multiplies by through dp4a, as the CPU multiplies it by
+// 8-bit activations: "q8_1" for the 32-value integer types, "q8_K" for the K-quants, nullptr (f32
+// activations) for the float types.
+inline const char* int_activation(llm::Type t) {
+    switch (t) {
+    case llm::Type::Q4_0: case llm::Type::Q4_1: case llm::Type::Q5_0: case llm::Type::Q5_1: case llm::Type::Q8_0: case llm::Type::IQ4_NL:
+        return "q8_1";
+    case llm::Type::Q2_K: case llm::Type::Q3_K: case llm::Type::Q4_K: case llm::Type::Q5_K: case llm::Type::Q6_K: return "q8_K";
+    default: return nullptr;
+    }
 }
 
-// A weight on the device, in the file's layout.
+// A weight on the device, in the file's layout: one matrix, or all experts' (expert_bytes apart, rows
+// per expert).
 struct DeviceTensor {
     Buffer data;
     llm::Type type = llm::Type::F32;
     int64_t k = 0, rows = 0;  // ne[0], the rest
-    size_t row_bytes = 0;
+    size_t row_bytes = 0, expert_bytes = 0;
     explicit operator bool() const { return data.get() != nullptr; }
 };
 
 struct DeviceLayer {
     DeviceTensor attn_norm, wq, wk, wv, wo, bq, bk, bv, q_norm, k_norm, post_attn_norm;
     DeviceTensor ffn_norm, ffn_gate, ffn_up, ffn_down, post_ffn_norm;
-    Buffer k_cache, v_cache;  // n_cells x (n_head_kv * head_dim) f16
+    DeviceTensor gate_inp, exp_probs_b, gate_exps, up_exps, down_exps, gate_shexp, up_shexp, down_shexp;  // MoE
+    DeviceTensor wq_a, q_a_norm, wq_b, wkv_a, kv_a_norm;  // MLA, with per-head k_b / v_b
+    std::vector<DeviceTensor> k_b, v_b;
+    Buffer k_cache, v_cache;  // n_cells rows of n_head_kv * head_dim values, in the cache types
 };
+
+// A cache type's kernel-name suffix ("q8_0"), or nullptr when no kernel stores it.
+inline const char* kv_kernel_type_name(llm::Type t) {
+    return t == llm::Type::F16 || t == llm::Type::Q8_0 || t == llm::Type::Q4_0 || t == llm::Type::IQ4_NL ? llm::type_info(t).name : nullptr;
+}
 
 class Forward : public llm::OffloadBackend {
 public:
     Forward(Device& dev, const llm::Model& model, const llm::ContextParams& cp, int n_cells)
-        : dev_(dev), model_(model), hp_(model.hp), n_cells_(n_cells) {
-        check_supported(cp);
+        : dev_(dev), model_(model), hp_(model.hp), n_cells_(n_cells), type_k_(cp.type_k), type_v_(cp.type_v), exact_softmax_(cp.flash_attn == llm::FlashAttn::Off),
+          rot_k_(llm::kv_rotation(cp.type_k, hp_.head_dim_k, true, hp_.mla)), rot_v_(llm::kv_rotation(cp.type_v, hp_.head_dim_v, false, hp_.mla)) {
+        check_supported();
         const llm::Placement& pl = model.placement;
         for (int il = std::min(hp_.n_layer, pl.first_device_layer); il < hp_.n_layer; il++) layers_.push_back(upload_layer(il));
         if (pl.output_on_device) {
@@ -106,7 +125,7 @@ public:
         if (model.rope_freqs) rope_freqs_ = upload(model.rope_freqs);
     }
 
-    size_t bytes_per_cell() const override { return layers_.size() * 2 * kv_row() * sizeof(uint16_t); }
+    size_t bytes_per_cell() const override { return layers_.size() * (k_row_bytes() + v_row_bytes()); }
 
     void forward(const llm::OffloadBatch& b, float* x, int n_logits, const int32_t* logit_rows, float* logits) override {
         const int n = (int)b.batch->size();
@@ -133,17 +152,11 @@ public:
     std::vector<uint8_t> read_cells(const std::vector<int32_t>& cells) override {
         std::vector<uint8_t> out(cells.size() * bytes_per_cell());
         uint8_t* p = out.data();
-        const size_t row = kv_row() * sizeof(uint16_t);
-        for (DeviceLayer& L : layers_)
-            for (Buffer* cache : {&L.k_cache, &L.v_cache})
-                for (int32_t c : cells) dev_.download(p, cache->get<uint8_t>() + c * row, row), p += row;
+        for_each_cache_row(cells, [&](uint8_t* row, size_t bytes) { dev_.download(p, row, bytes), p += bytes; });
         return out;
     }
     void write_cells(const std::vector<int32_t>& cells, const uint8_t* bytes) override {
-        const size_t row = kv_row() * sizeof(uint16_t);
-        for (DeviceLayer& L : layers_)
-            for (Buffer* cache : {&L.k_cache, &L.v_cache})
-                for (int32_t c : cells) dev_.upload(cache->get<uint8_t>() + c * row, bytes, row), bytes += row;
+        for_each_cache_row(cells, [&](uint8_t* row, size_t n) { dev_.upload(row, bytes, n), bytes += n; });
     }
 
 private:
@@ -151,6 +164,9 @@ private:
     const llm::Model& model_;
     const llm::HParams& hp_;
     int n_cells_;
+    llm::Type type_k_, type_v_;
+    bool exact_softmax_;  // -fa off: llama.cpp's attention without flash attention (attention.cuh)
+    int rot_k_, rot_v_;  // the Walsh-Hadamard blocks of a quantized cache's rows (0: none)
     std::vector<DeviceLayer> layers_;
     DeviceTensor output_norm_, output_, rope_freqs_;
     // Activations and per-batch tables, grown to the largest batch seen.
@@ -158,18 +174,37 @@ private:
     size_t page_capacity_ = 0;
     Buffer x_, cur_, tmp_, q_, k_, v_, attn_, gate_, up_, act_q8_, rope_cs_, logits_;
     Buffer pos_, seq_, cells_, pages_, logit_rows_;
+    // MoE: router logits, each token's experts and weights, the expert-sorted rows (moe_group).
+    Buffer router_, experts_, expert_weights_, expert_first_, row_token_, slot_, gathered_, expert_out_, shexp_out_;
+    // MLA: the projected query and [latent | rope] rows, the low-rank query, one head's slice in and
+    // out of its k_b / v_b product, and the heads' v_b outputs side by side.
+    Buffer mla_q_, mla_kv_a_, mla_q_a_, mla_head_in_, mla_head_out_, mla_v_;
+
+    // fn(device row, bytes) for the K then V row of every cell, layer by layer (seq_save's order).
+    template <class Fn> void for_each_cache_row(const std::vector<int32_t>& cells, Fn fn) {
+        for (DeviceLayer& L : layers_)
+            for (const std::pair<Buffer*, size_t>& cache : {std::make_pair(&L.k_cache, k_row_bytes()), std::make_pair(&L.v_cache, v_row_bytes())})
+                for (int32_t c : cells)
+                    if (cache.second) fn(cache.first->get<uint8_t>() + c * cache.second, cache.second);
+    }
 
     int64_t kv_row() const { return int64_t(hp_.n_head_kv) * hp_.head_dim_k; }
+    size_t k_row_bytes() const { return llm::row_bytes(type_k_, kv_row()); }
+    size_t v_row_bytes() const { return hp_.mla ? 0 : llm::row_bytes(type_v_, kv_row()); }  // a latent cache has no V
     static size_t page_table_ints(const llm::OffloadBatch& b) { return size_t(b.pages_per_seq) * b.n_seq; }
 
-    void check_supported(const llm::ContextParams& cp) const {
+    void check_supported() const {
         using llm::Arch;
-        if (hp_.arch != Arch::Llama && hp_.arch != Arch::Qwen2 && hp_.arch != Arch::Qwen3 && hp_.arch != Arch::Gemma3)
-            throw llm::Error(std::string("GPU offload: ") + llm::arch_name(hp_.arch) + " is not supported yet (llama, qwen2, qwen3, gemma3)");
-        if (cp.type_k != llm::Type::F16 || cp.type_v != llm::Type::F16)
-            throw llm::Error("GPU offload: only an f16 KV cache is supported yet");
-        if (hp_.head_dim_k != hp_.head_dim_v || hp_.head_dim_k > 256 || hp_.n_embd % 32)
-            throw llm::Error("GPU offload: head sizes above 256 or unequal K/V heads are not supported yet");
+        if (hp_.arch != Arch::Llama && hp_.arch != Arch::Qwen2 && hp_.arch != Arch::Qwen3 && hp_.arch != Arch::Gemma3 && hp_.arch != Arch::Qwen3Moe &&
+            hp_.arch != Arch::Deepseek2)
+            throw llm::Error(std::string("GPU offload: ") + llm::arch_name(hp_.arch) + " is not supported yet (llama, qwen2, qwen3, gemma3, qwen3moe, deepseek2)");
+        if (hp_.n_expert > kMaxExperts || hp_.n_expert_used > kMaxExpertsUsed)
+            throw llm::Error("GPU offload: at most " + std::to_string(kMaxExperts) + " experts, " + std::to_string(kMaxExpertsUsed) + " per token");
+        for (llm::Type t : {type_k_, hp_.mla ? type_k_ : type_v_})
+            if (!kv_kernel_type_name(t))
+                throw llm::Error(std::string("GPU offload: KV cache type ") + llm::type_info(t).name + " is not supported (f16, q8_0, q4_0, iq4_nl)");
+        if ((!hp_.mla && hp_.head_dim_k != hp_.head_dim_v) || hp_.head_dim_k > kAttnMaxHeadDim || hp_.n_embd % 32)
+            throw llm::Error("GPU offload: head sizes above " + std::to_string(kAttnMaxHeadDim) + " or unequal K/V heads are not supported");
     }
 
     DeviceTensor upload(const llm::TensorInfo* t) {
@@ -186,9 +221,21 @@ private:
         return d;
     }
 
+    // All experts' slices of one tensor (contiguous in the file) as one device tensor.
+    DeviceTensor upload_experts(const std::vector<llm::TensorInfo>& slices) {
+        for (size_t e = 1; e < slices.size(); e++)
+            if (slices[e].data != slices[0].data + e * slices[0].nbytes) throw llm::Error("GPU offload: the experts of " + slices[0].name + " are not contiguous");
+        llm::TensorInfo all = slices[0];
+        all.nbytes *= slices.size();
+        all.ne[2] *= int64_t(slices.size());
+        DeviceTensor d = upload(&all);
+        d.rows /= int64_t(slices.size());
+        d.expert_bytes = slices[0].nbytes;
+        return d;
+    }
+
     DeviceLayer upload_layer(int il) {
         const llm::LayerWeights& W = model_.layers[il];
-        if (W.gate_inp || W.wq_a || W.wkv_a) throw llm::Error("GPU offload: MoE and MLA layers are not supported yet");
         DeviceLayer L;
         L.attn_norm = upload(W.attn_norm);
         L.wq = upload(W.wq), L.wk = upload(W.wk), L.wv = upload(W.wv), L.wo = upload(W.wo);
@@ -196,8 +243,19 @@ private:
         L.q_norm = upload(W.q_norm), L.k_norm = upload(W.k_norm), L.post_attn_norm = upload(W.post_attn_norm);
         L.ffn_norm = upload(W.ffn_norm), L.ffn_gate = upload(W.ffn_gate), L.ffn_up = upload(W.ffn_up), L.ffn_down = upload(W.ffn_down);
         L.post_ffn_norm = upload(W.post_ffn_norm);
-        L.k_cache = Buffer(dev_, size_t(n_cells_) * kv_row() * sizeof(uint16_t));
-        L.v_cache = Buffer(dev_, size_t(n_cells_) * kv_row() * sizeof(uint16_t));
+        if (W.wkv_a) {
+            L.wq_a = upload(W.wq_a), L.q_a_norm = upload(W.q_a_norm), L.wq_b = upload(W.wq_b);
+            L.wkv_a = upload(W.wkv_a), L.kv_a_norm = upload(W.kv_a_norm);
+            for (const llm::TensorInfo& t : W.k_b) L.k_b.push_back(upload(&t));
+            for (const llm::TensorInfo& t : W.v_b) L.v_b.push_back(upload(&t));
+        }
+        if (W.gate_inp) {
+            L.gate_inp = upload(W.gate_inp), L.exp_probs_b = upload(W.exp_probs_b);
+            L.gate_exps = upload_experts(W.gate_exp), L.up_exps = upload_experts(W.up_exp), L.down_exps = upload_experts(W.down_exp);
+            L.gate_shexp = upload(W.gate_shexp), L.up_shexp = upload(W.up_shexp), L.down_shexp = upload(W.down_shexp);
+        }
+        L.k_cache = Buffer(dev_, size_t(n_cells_) * k_row_bytes());
+        L.v_cache = Buffer(dev_, size_t(n_cells_) * v_row_bytes());
         return L;
     }
 
@@ -208,38 +266,63 @@ private:
         capacity_ = std::max(n, capacity_);
         logit_capacity_ = std::max(n_logits, logit_capacity_);
         page_capacity_ = std::max(pages, page_capacity_);
-        const size_t N = capacity_, E = hp_.n_embd, F = hp_.n_ff, Q = size_t(hp_.n_head) * hp_.head_dim_k;
-        const size_t widest = std::max({E, F, Q});
+        const size_t N = capacity_, E = hp_.n_embd, Q = size_t(hp_.n_head) * hp_.head_dim_k;
+        const size_t X = hp_.n_expert, K = std::max(1, hp_.n_expert_used), FE = hp_.n_ff_exp;
+        // Rows of the FFN's hidden buffers per token: the dense FFN's, the shared experts', or the K
+        // chosen experts' (moe_group's gathered rows).
+        const size_t F = std::max({size_t(hp_.n_ff), FE * hp_.n_expert_shared, K * FE});
+        // The most values per token any product quantizes (MoE: the K gathered rows of a token).
+        const size_t widest = std::max({E, F, Q, size_t(hp_.q_lora_rank), size_t(hp_.n_head) * hp_.v_head_dim, X ? K * E : 0});
         auto floats = [&](size_t count) { return Buffer(dev_, count * sizeof(float)); };
         x_ = floats(N * E), cur_ = floats(N * std::max(E, Q)), tmp_ = floats(N * E);
         q_ = floats(N * Q), k_ = floats(N * kv_row()), v_ = floats(N * kv_row()), attn_ = floats(N * Q);
         gate_ = floats(N * F), up_ = floats(N * F);
-        act_q8_ = Buffer(dev_, N * (widest / 32) * 36);
+        act_q8_ = Buffer(dev_, N * std::max((widest + 31) / 32 * kQ8_1Bytes, (widest + 255) / 256 * kQ8_KBytes));
         rope_cs_ = floats(N * hp_.n_rot);
         logits_ = floats(size_t(logit_capacity_) * hp_.n_vocab);
         pos_ = Buffer(dev_, N * 4), seq_ = Buffer(dev_, N * 4), cells_ = Buffer(dev_, N * 4);
         pages_ = Buffer(dev_, std::max<size_t>(1, page_capacity_) * 4);
         logit_rows_ = Buffer(dev_, size_t(logit_capacity_) * 4);
+        if (hp_.mla) {
+            const size_t H = hp_.n_head, R = hp_.kv_lora_rank, rot = hp_.n_rot, nope = hp_.qk_nope, vd = hp_.v_head_dim;
+            mla_q_ = floats(N * H * (nope + rot)), mla_kv_a_ = floats(N * (R + rot)), mla_q_a_ = floats(N * std::max<size_t>(1, hp_.q_lora_rank));
+            mla_head_in_ = floats(N * std::max(nope, R)), mla_head_out_ = floats(N * std::max(R, vd)), mla_v_ = floats(N * H * vd);
+        }
+        if (!X) return;
+        router_ = floats(N * X), expert_weights_ = floats(N * K), gathered_ = floats(N * K * E), expert_out_ = floats(N * K * E), shexp_out_ = floats(N * E);
+        experts_ = Buffer(dev_, N * K * 4), row_token_ = Buffer(dev_, N * K * 4), slot_ = Buffer(dev_, N * K * 4), expert_first_ = Buffer(dev_, (X + 1) * 4);
     }
 
-    // y (n x rows) = x (n x k) W^T. Up to kMaxMatvecTokens tokens (decode, a few slots): dp4a products
-    // against q8_1 activations for the 32-value integer types (the CPU's 8-bit rounding), else the
-    // float matvec; larger batches: the 32 x 32 tiles.
+    // y (n x rows) = x (n x k) W^T: quantized types against q8_1 / q8_K activations through dp4a (the
+    // CPU's 8-bit rounding), float types against f32 activations; up to kMaxMatvecTokens tokens
+    // (decode, a few slots) the matvec kernels, larger batches the 32 x 32 tiles.
     static constexpr int kMaxMatvecTokens = 8;
-    void matmul(const DeviceTensor& w, const float* x, int n, float* y) {
-        const std::string type = kernel_type_name(w.type);
+    void matmul(const DeviceTensor& w, const float* x, int n, float* y) { product(w, x, n, n, y, nullptr); }
+    // The same for all experts of w at once (MoE): x holds n_rows rows grouped by expert as
+    // expert_first says, at most n_per_expert of them per expert.
+    void matmul_experts(const DeviceTensor& w, const float* x, int n_rows, int n_per_expert, float* y) {
+        product(w, x, n_rows, n_per_expert, y, expert_first_.get<const int>());
+    }
+    void product(const DeviceTensor& w, const float* x, int n_rows, int n_per_expert, float* y, const int* expert_first) {
+        const std::string type = kernel_type_name(w.type), id = expert_first ? "id_" : "";
         const int k = int(w.k), rows = int(w.rows);
-        const Grid per_row{unsigned((rows + kMatvecRowsPerBlock - 1) / kMatvecRowsPerBlock), unsigned(n)};
-        if (has_dp4a(w.type) && n <= kMaxMatvecTokens) {
-            launch(dev_, "quantize_q8_1", {unsigned((size_t(n) * k / 32 + 7) / 8)}, {256}, x, act_q8_.get<void>(), n * k);
-            launch(dev_, ("matvec_q8_1_" + type).c_str(), per_row, {unsigned(kMatvecThreads)}, w.data.get<const uint8_t>(), w.row_bytes,
-                   act_q8_.get<const void>(), y, k, rows);
-        } else if (n <= kMaxMatvecTokens) {
-            launch(dev_, ("matvec_" + type).c_str(), per_row, {unsigned(kMatvecThreads)}, w.data.get<const uint8_t>(), w.row_bytes, x, y, k, rows);
-        } else {
-            launch(dev_, ("matmul_" + type).c_str(), {unsigned((rows + kTile - 1) / kTile), unsigned((n + kTile - 1) / kTile)}, {unsigned(kMatmulThreads)},
-                   w.data.get<const uint8_t>(), w.row_bytes, x, y, k, rows, n);
+        const unsigned n_experts = expert_first ? unsigned(hp_.n_expert) : 1;
+        const uint8_t* W = w.data.get<const uint8_t>();
+        const Grid per_row{unsigned((rows + kMatvecRowsPerBlock - 1) / kMatvecRowsPerBlock), unsigned(n_per_expert), n_experts};
+        const Grid tiles{unsigned((rows + kTile - 1) / kTile), unsigned((n_per_expert + kTile - 1) / kTile), n_experts};
+        const bool matvec = n_per_expert <= kMaxMatvecTokens;
+        const char* act_type = int_activation(w.type);
+        const bool dp4a = act_type != nullptr;
+        if (dp4a) {  // one warp per activation block
+            const size_t blocks = size_t(n_rows) * k / (std::string(act_type) == "q8_K" ? 256 : 32);
+            launch(dev_, ("quantize_" + std::string(act_type)).c_str(), {unsigned((blocks + 7) / 8)}, {256}, x, act_q8_.get<void>(), n_rows * k);
         }
+        const std::string name = (matvec ? "matvec_" : "matmul_") + (dp4a ? std::string(act_type) + "_" : "") + id + type;
+        const Grid grid = matvec ? per_row : tiles, block{unsigned(matvec ? kMatvecThreads : kMatmulThreads)};
+        const void* act = dp4a ? act_q8_.get<const void>() : x;
+        if (expert_first) launch(dev_, name.c_str(), grid, block, W, w.expert_bytes, w.row_bytes, act, y, k, rows, expert_first);
+        else if (matvec) launch(dev_, name.c_str(), grid, block, W, w.row_bytes, act, y, k, rows);
+        else launch(dev_, name.c_str(), grid, block, W, w.row_bytes, act, y, k, rows, n_rows);
     }
 
     // RMSNorm of n rows of dim values in place.
@@ -250,11 +333,17 @@ private:
         launch(dev_, "add", {unsigned(std::min<long long>(1024, (n + 255) / 256))}, {256}, x, y, n, period);
     }
 
-    void rope(float* data, int n, int n_heads, float base) {
+    // The in-place Walsh-Hadamard rotation of `count` values in blocks of `block`.
+    void hadamard(float* data, long long count, int block) {
+        launch(dev_, "hadamard", {unsigned(count / block)}, {128}, data, block);
+    }
+
+    // RoPE of n_rot dims from `offset` of every head (head_stride values apart) of n tokens.
+    void rope(float* data, int n, int n_heads, int head_stride, int offset, float base) {
         const RopeParams p{hp_.n_rot, base, hp_.rope_freq_scale, hp_.rope_attn_factor, hp_.yarn_ext_factor, hp_.yarn_beta_fast,
             hp_.yarn_beta_slow, hp_.n_ctx_orig, rope_freqs_ ? rope_freqs_.data.get<const float>() : nullptr};
         launch(dev_, "rope_cache", {unsigned((n + 63) / 64)}, {64}, pos_.get<const int>(), rope_cs_.get<float>(), n, p);
-        launch(dev_, "rope", {unsigned(n)}, {128}, data, rope_cs_.get<const float>(), n_heads, hp_.head_dim_k, 0, hp_.n_rot,
+        launch(dev_, "rope", {unsigned(n)}, {128}, data, rope_cs_.get<const float>(), n_heads, head_stride, offset, hp_.n_rot,
                int(hp_.rope_type == llm::RopeType::Neox));
     }
 
@@ -271,24 +360,116 @@ private:
             norm(L.k_norm, k_.get<float>(), n * hp_.n_head_kv, hp_.head_dim_k);
         }
         const bool swa = hp_.swa_layer[il];
-        rope(q_.get<float>(), n, hp_.n_head, swa ? hp_.rope_base_swa : hp_.rope_base);
-        rope(k_.get<float>(), n, hp_.n_head_kv, swa ? hp_.rope_base_swa : hp_.rope_base);
-        for (auto [rows, cache] : {std::make_pair(&k_, &L.k_cache), std::make_pair(&v_, &L.v_cache)})
-            launch(dev_, "store_f16_rows", {unsigned(n)}, {128}, rows->get<const float>(), cache->get<uint16_t>(), cells_.get<const int>(), int(kv_row()));
-        const AttnParams p{n, hp_.n_head, hp_.n_head_kv, hp_.head_dim_k, hp_.head_dim_v, int(kv_row()), int(kv_row()), hp_.attn_scale,
-            swa ? hp_.n_swa : 0, b.pages_per_seq, b.page_size};
-        launch(dev_, "flash_attn_f16", {unsigned((n * hp_.n_head + kAttnThreads / 32 - 1) / (kAttnThreads / 32))}, {unsigned(kAttnThreads)}, q_.get<const float>(), L.k_cache.get<const uint16_t>(),
-               L.v_cache.get<const uint16_t>(), pos_.get<const int>(), seq_.get<const int>(), pages_.get<const int>(), attn_.get<float>(), p);
+        rope(q_.get<float>(), n, hp_.n_head, hp_.head_dim_k, 0, swa ? hp_.rope_base_swa : hp_.rope_base);
+        rope(k_.get<float>(), n, hp_.n_head_kv, hp_.head_dim_k, 0, swa ? hp_.rope_base_swa : hp_.rope_base);
+        if (rot_k_) {
+            hadamard(q_.get<float>(), (long long)n * Q, rot_k_);
+            hadamard(k_.get<float>(), (long long)n * kv_row(), rot_k_);
+        }
+        if (rot_v_) hadamard(v_.get<float>(), (long long)n * kv_row(), rot_v_);
+        store_rows(type_k_, k_.get<const float>(), L.k_cache, n, k_row_bytes());
+        store_rows(type_v_, v_.get<const float>(), L.v_cache, n, v_row_bytes());
+        fused_attention(type_k_, type_v_, L.k_cache.get<const uint8_t>(), L.v_cache.get<const uint8_t>(), v_row_bytes(), b, n, swa ? hp_.n_swa : 0);
+        if (rot_v_) hadamard(attn_.get<float>(), (long long)n * hp_.n_head * hp_.head_dim_v, rot_v_);
         matmul(L.wo, attn_.get<const float>(), n, tmp_.get<float>());
     }
 
-    void ffn(DeviceLayer& L, int n) {
-        const long long F = hp_.n_ff;
-        matmul(L.ffn_gate, cur_.get<const float>(), n, gate_.get<float>());
-        matmul(L.ffn_up, cur_.get<const float>(), n, up_.get<float>());
+    // gate = act(gate) * up over count values: GELU for gemma, SiLU else.
+    void gated_activation(long long count) {
         const char* act = hp_.arch == llm::Arch::Gemma3 ? "gelu_mul" : "silu_mul";
-        launch(dev_, act, {unsigned(std::min<long long>(1024, (n * F + 255) / 256))}, {256}, gate_.get<float>(), up_.get<const float>(), n * F);
-        matmul(L.ffn_down, gate_.get<const float>(), n, tmp_.get<float>());
+        launch(dev_, act, {unsigned(std::min<long long>(1024, (count + 255) / 256))}, {256}, gate_.get<float>(), up_.get<const float>(), count);
+    }
+
+    // out = down(act(gate(x)) * up(x)) for the n rows of x.
+    // n rows of kv_row() values into their cells of a cache of type t.
+    void store_rows(llm::Type t, const float* rows, Buffer& cache, int n, size_t row_bytes) {
+        launch(dev_, ("store_rows_" + std::string(kv_kernel_type_name(t))).c_str(), {unsigned(n)}, {128}, rows, cache.get<uint8_t>(), cells_.get<const int>(),
+               int(kv_row()), row_bytes);
+    }
+
+    // attn_ = softmax(q_ K^T * scale) V over the cache (flash_attn_K_V), V rows v_row bytes apart.
+    void fused_attention(llm::Type tk, llm::Type tv, const uint8_t* k_cache, const uint8_t* v_cache, size_t v_row, const llm::OffloadBatch& b, int n, int n_swa) {
+        const AttnParams p{n, hp_.n_head, hp_.n_head_kv, hp_.head_dim_k, hp_.head_dim_v, int(k_row_bytes()), int(v_row), hp_.attn_scale, n_swa, b.pages_per_seq,
+            b.page_size, int(exact_softmax_)};
+        const std::string kernel = std::string("flash_attn_") + kv_kernel_type_name(tk) + "_" + kv_kernel_type_name(tv);
+        launch(dev_, kernel.c_str(), {unsigned((n * hp_.n_head + kAttnThreads / 32 - 1) / (kAttnThreads / 32))}, {unsigned(kAttnThreads)}, q_.get<const float>(),
+               k_cache, v_cache, pos_.get<const int>(), seq_.get<const int>(), pages_.get<const int>(), attn_.get<float>(), p);
+    }
+
+    // Row by row: width values from src_offset of src's rows to dst_offset of dst's.
+    void copy_cols(const float* src, int src_stride, int src_offset, float* dst, int dst_stride, int dst_offset, int width, int rows) {
+        launch(dev_, "copy_cols", {unsigned(rows)}, {128}, src, src_stride, src_offset, dst, dst_stride, dst_offset, width);
+    }
+
+    // Multi-head latent attention in absorbed form (deepseek2, cur_ -> tmp_), as the CPU's
+    // attention_mla: the cache row of a token is its roped key part followed by its normalized latent;
+    // each head's query is folded into latent space (q_nope k_b), attention runs there with the
+    // latent as V, and v_b maps the result back.
+    void attention_mla(DeviceLayer& L, const llm::OffloadBatch& b, int n) {
+        const int H = hp_.n_head, R = hp_.kv_lora_rank, nope = hp_.qk_nope, rot = hp_.n_rot, vd = hp_.v_head_dim;
+        const int qh = nope + rot, row = R + rot;
+        float* qp = mla_q_.get<float>();
+        float* kv_a = mla_kv_a_.get<float>();
+        if (L.wq_a) {
+            matmul(L.wq_a, cur_.get<const float>(), n, mla_q_a_.get<float>());
+            norm(L.q_a_norm, mla_q_a_.get<float>(), n, hp_.q_lora_rank);
+            matmul(L.wq_b, mla_q_a_.get<const float>(), n, qp);
+        } else {
+            matmul(L.wq, cur_.get<const float>(), n, qp);
+        }
+        matmul(L.wkv_a, cur_.get<const float>(), n, kv_a);
+        rope(qp, n, H, qh, nope, hp_.rope_base);
+        rope(kv_a, n, 1, row, R, hp_.rope_base);
+        launch(dev_, "rms_norm", {unsigned(n)}, {256}, (const float*)kv_a, L.kv_a_norm.data.get<const float>(), kv_a, R, row, hp_.norm_eps);
+        copy_cols(kv_a, row, R, k_.get<float>(), row, 0, rot, n);  // cache row: [rope | latent]
+        copy_cols(kv_a, row, 0, k_.get<float>(), row, rot, R, n);
+        store_rows(type_k_, k_.get<const float>(), L.k_cache, n, k_row_bytes());
+        // q (n x H x row) = [q_rope, q_nope k_b_h] per head.
+        copy_cols(qp, qh, nope, q_.get<float>(), row, 0, rot, n * H);
+        for (int h = 0; h < H; h++) {
+            copy_cols(qp, H * qh, h * qh, mla_head_in_.get<float>(), nope, 0, nope, n);
+            matmul(L.k_b[h], mla_head_in_.get<const float>(), n, mla_head_out_.get<float>());
+            copy_cols(mla_head_out_.get<const float>(), R, 0, q_.get<float>(), H * row, h * row + rot, R, n);
+        }
+        // The latent part of the K rows serves as V.
+        const uint8_t* k_cache = L.k_cache.get<const uint8_t>();
+        fused_attention(type_k_, type_k_, k_cache, k_cache + llm::row_bytes(type_k_, rot), k_row_bytes(), b, n, 0);
+        // attn (n x H x R) -> per head v_b -> (n x H x vd) -> wo.
+        for (int h = 0; h < H; h++) {
+            copy_cols(attn_.get<const float>(), H * R, h * R, mla_head_in_.get<float>(), R, 0, R, n);
+            matmul(L.v_b[h], mla_head_in_.get<const float>(), n, mla_head_out_.get<float>());
+            copy_cols(mla_head_out_.get<const float>(), vd, 0, mla_v_.get<float>(), H * vd, h * vd, vd, n);
+        }
+        matmul(L.wo, mla_v_.get<const float>(), n, tmp_.get<float>());
+    }
+
+    void ffn_dense(const DeviceTensor& gate, const DeviceTensor& up, const DeviceTensor& down, const float* x, int n, float* out) {
+        matmul(gate, x, n, gate_.get<float>());
+        matmul(up, x, n, up_.get<float>());
+        gated_activation((long long)n * gate.rows);
+        matmul(down, gate_.get<const float>(), n, out);
+    }
+
+    // Mixture of experts (cur_ -> tmp_): route every token on the device, gather its rows by expert,
+    // run each expert once over its rows, sum the weighted outputs back per token, add the shared experts.
+    void ffn_moe(DeviceLayer& L, int n) {
+        const int X = hp_.n_expert, K = hp_.n_expert_used, E = hp_.n_embd;
+        matmul(L.gate_inp, cur_.get<const float>(), n, router_.get<float>());
+        const MoeParams p{X, K, hp_.n_expert_groups, hp_.n_group_used, int(hp_.expert_gating == llm::ExpertGating::Sigmoid), int(hp_.expert_weights_norm),
+            hp_.expert_weights_scale};
+        launch(dev_, "moe_route", {unsigned((n + 63) / 64)}, {64}, router_.get<const float>(), L.exp_probs_b.data.get<const float>(), experts_.get<int>(),
+               expert_weights_.get<float>(), n, p);
+        launch(dev_, "moe_group", {1}, {256}, experts_.get<const int>(), n, K, X, expert_first_.get<int>(), row_token_.get<int>(), slot_.get<int>());
+        launch(dev_, "gather_rows", {unsigned(n * K)}, {256}, cur_.get<const float>(), row_token_.get<const int>(), gathered_.get<float>(), E);
+        matmul_experts(L.gate_exps, gathered_.get<const float>(), n * K, n, gate_.get<float>());
+        matmul_experts(L.up_exps, gathered_.get<const float>(), n * K, n, up_.get<float>());
+        gated_activation((long long)n * K * L.gate_exps.rows);
+        matmul_experts(L.down_exps, gate_.get<const float>(), n * K, n, expert_out_.get<float>());
+        launch(dev_, "moe_combine", {unsigned(n)}, {256}, expert_out_.get<const float>(), slot_.get<const int>(), expert_weights_.get<const float>(),
+               tmp_.get<float>(), E, K);
+        if (!L.gate_shexp) return;
+        ffn_dense(L.gate_shexp, L.up_shexp, L.down_shexp, cur_.get<const float>(), n, shexp_out_.get<float>());
+        add(tmp_.get<float>(), shexp_out_.get<const float>(), (long long)n * E, (long long)n * E);
     }
 
     // One block: x += attn(norm(x)) (post-normed for gemma), then x += ffn(norm(x)).
@@ -298,8 +479,10 @@ private:
             const DeviceTensor& pre = half == 0 ? L.attn_norm : L.ffn_norm;
             const DeviceTensor& post = half == 0 ? L.post_attn_norm : L.post_ffn_norm;
             launch(dev_, "rms_norm", {unsigned(n)}, {256}, x_.get<const float>(), pre.data.get<const float>(), cur_.get<float>(), E, E, hp_.norm_eps);
-            if (half == 0) attention(L, il, b, n);
-            else ffn(L, n);
+            if (half == 0 && hp_.mla) attention_mla(L, b, n);
+            else if (half == 0) attention(L, il, b, n);
+            else if (L.gate_inp) ffn_moe(L, n);
+            else ffn_dense(L.ffn_gate, L.ffn_up, L.ffn_down, cur_.get<const float>(), n, tmp_.get<float>());
             if (post) norm(post, tmp_.get<float>(), n, E);
             add(x_.get<float>(), tmp_.get<const float>(), (long long)n * E, (long long)n * E);
         }

@@ -106,6 +106,14 @@ LLM_KERNEL void scale(float* x, float factor, long long n) {
     grid_stride(n, [=](long long i) { x[i] *= factor; });
 }
 
+// Row blockIdx.x: width values from src_offset of a src row (src_stride apart) to dst_offset of a dst
+// row (dst_stride apart): per-head slices gathered into dense blocks and scattered back (MLA).
+LLM_KERNEL void copy_cols(const float* src, int src_stride, int src_offset, float* dst, int dst_stride, int dst_offset, int width) {
+    const float* from = src + size_t(blockIdx.x) * src_stride + src_offset;
+    float* to = dst + size_t(blockIdx.x) * dst_stride + dst_offset;
+    for (int i = threadIdx.x; i < width; i += blockDim.x) to[i] = from[i];
+}
+
 // dst row i = src row rows[i] (dim values): the rows that want logits.
 LLM_KERNEL void gather_rows(const float* src, const int* rows, float* dst, int dim) {
     for (int i = threadIdx.x; i < dim; i += blockDim.x) dst[size_t(blockIdx.x) * dim + i] = src[size_t(rows[blockIdx.x]) * dim + i];

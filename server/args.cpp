@@ -54,6 +54,13 @@ struct Arg {
         if (value == "false" || value == "0" || value == "off" || value == "disabled") return false;
         usage_error("expected true/false (1/0, on/off, enabled/disabled) for " + flag + ", got '" + value + "'");
     }
+    // -fa's value (bare -fa: on), with llama.cpp's spellings.
+    llm::FlashAttn to_flash_attn() const {
+        if (value == "auto" || value == "-1") return llm::FlashAttn::Auto;
+        if (value.empty() || value == "on" || value == "enabled" || value == "1") return llm::FlashAttn::On;
+        if (value == "off" || value == "disabled" || value == "0") return llm::FlashAttn::Off;
+        usage_error("expected on, off or auto after " + flag + ", got '" + value + "'");
+    }
     llm::Type to_type() const {
         try {
             return llm::type_from_name(value);
@@ -261,8 +268,9 @@ const std::vector<Flag>& flags() {
         {{"--keep"}, {}, nullptr, "N", G::Common, "tokens kept from the start of the prompt on a context shift (default 0, -1 = all)",
          [](Options& o, const Arg& a) { o.srv.n_keep = a.to_int(); }},
         {{"--swa-full"}, {}, "LLAMA_ARG_SWA_FULL", nullptr, G::Common, "full-size SWA cache", note("the KV cache keeps every position of every layer already (ignored)")},
-        {{"-fa", "--flash-attn"}, {}, "LLAMA_ARG_FLASH_ATTN", "[on|off|auto]", G::Common, "Flash Attention",
-         note("attention always runs fused, block by block, on the CPU (ignored)")},
+        {{"-fa", "--flash-attn"}, {}, "LLAMA_ARG_FLASH_ATTN", "[on|off|auto]", G::Common,
+         "Flash Attention (default auto = on; off: the softmax over all positions, then V, as llama.cpp without it (GPU; the CPU always fuses), and no quantized V cache)",
+         [](Options& o, const Arg& a) { o.flash_attn = a.to_flash_attn(); }},
         {{"--perf"}, {"--no-perf"}, "LLAMA_ARG_PERF", nullptr, G::Common, "internal performance timings", note("timings are always reported (ignored)")},
         {{"-e", "--escape"}, {"--no-escape"}, nullptr, nullptr, G::Common, "process escapes (\\n, \\r, \\t, \\', \\\", \\\\) in -p (default: off here)",
          [](Options& o, const Arg& a) { o.escape = a.on(); }},
@@ -770,6 +778,7 @@ llm::ContextParams context_params(const Options& o, int n_ctx) {
     cp.poll = o.poll;
     cp.type_k = o.type_k;
     cp.type_v = o.type_v;
+    cp.flash_attn = o.flash_attn;
     cp.moe_grouped = !o.moe_per_token;
     cp.embeddings = o.embedding;
     cp.pooling = o.pooling;

@@ -54,6 +54,7 @@ struct Options {
     int n_gpu_layers = 0;  // -ngl (builds with an offload backend); -1: all
     int n_threads_batch = 0, poll = 50;  // prefill threads (0: as -t), idle workers' busy-wait level
     llm::Type type_k = llm::Type::F16, type_v = llm::Type::F16;
+    llm::FlashAttn flash_attn = llm::FlashAttn::Auto;  // -fa
     bool tokenize = false, add_special = false, parse_special = false, bench = false, plan = false;
     bool use_mmap = true, mlock = false, repack = true, verbose_prompt = false, moe_per_token = false;
     bool escape = false, ignore_eos = false, special = false;  // special: special tokens printed as their text

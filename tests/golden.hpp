@@ -46,10 +46,14 @@ inline std::vector<int32_t> json_tokens(const std::string& js) {
     return t;
 }
 
-inline std::vector<float> run_model(const llm::Model& m, const std::vector<int32_t>& toks, llm::Type kv, int chunk) {
+// The logits of every token, fed `chunk` tokens per batch with K and V cached as type_k / type_v.
+inline std::vector<float> run_model(const llm::Model& m, const std::vector<int32_t>& toks, llm::Type type_k, llm::Type type_v, int chunk,
+                                    llm::FlashAttn fa = llm::FlashAttn::Auto) {
     llm::ContextParams cp;
     cp.n_ctx = 256;
-    cp.type_k = cp.type_v = kv;
+    cp.type_k = type_k;
+    cp.type_v = type_v;
+    cp.flash_attn = fa;
     cp.n_threads = 2;
     llm::Context ctx(m, cp);
     std::vector<float> out;
@@ -60,6 +64,10 @@ inline std::vector<float> run_model(const llm::Model& m, const std::vector<int32
         for (int i = 0; i < ctx.n_logits(); i++) out.insert(out.end(), ctx.logits(i), ctx.logits(i) + m.hp.n_vocab);
     }
     return out;
+}
+
+inline std::vector<float> run_model(const llm::Model& m, const std::vector<int32_t>& toks, llm::Type kv, int chunk) {
+    return run_model(m, toks, kv, kv, chunk);
 }
 
 struct Agreement {

@@ -30,13 +30,28 @@ inline const std::map<std::string, Launcher>& kernels() {
     static const std::map<std::string, Launcher> table = [] {
         std::map<std::string, Launcher> t;
 #define LLM_REGISTER(name) t[#name] = launcher(name);
-#define LLM_REGISTER_TYPED(name, T) LLM_REGISTER(matvec_##name) LLM_REGISTER(matmul_##name) LLM_REGISTER(get_rows_##name)
-#define LLM_REGISTER_DP4A(name, T) LLM_REGISTER(matvec_q8_1_##name)
-        LLM_FOR_EACH_WEIGHT_TYPE(LLM_REGISTER_TYPED)
+#define LLM_REGISTER_FLOAT(name, T) LLM_REGISTER(matvec_##name) LLM_REGISTER(matmul_##name) LLM_REGISTER(matvec_id_##name) LLM_REGISTER(matmul_id_##name)
+#define LLM_REGISTER_INT(act, name) \
+    LLM_REGISTER(matvec_##act##_##name) LLM_REGISTER(matvec_##act##_id_##name) LLM_REGISTER(matmul_##act##_##name) LLM_REGISTER(matmul_##act##_id_##name)
+#define LLM_REGISTER_DP4A(name, T) LLM_REGISTER_INT(q8_1, name)
+#define LLM_REGISTER_Q8_K(name, T) LLM_REGISTER_INT(q8_K, name)
+#define LLM_REGISTER_ROWS(name, T) LLM_REGISTER(get_rows_##name)
+#define LLM_REGISTER_KV(name, T) LLM_REGISTER(store_rows_##name)
+#define LLM_REGISTER_KV_PAIR(kname, KT, vname, VT) LLM_REGISTER(flash_attn_##kname##_##vname)
+        LLM_FOR_EACH_WEIGHT_TYPE(LLM_REGISTER_ROWS)
+        LLM_FOR_EACH_FLOAT_TYPE(LLM_REGISTER_FLOAT)
         LLM_FOR_EACH_DP4A_TYPE(LLM_REGISTER_DP4A)
+        LLM_FOR_EACH_Q8_K_TYPE(LLM_REGISTER_Q8_K)
+        LLM_FOR_EACH_KV_TYPE(LLM_REGISTER_KV)
+        LLM_FOR_EACH_KV_PAIR(LLM_REGISTER_KV_PAIR)
         LLM_FOR_EACH_KERNEL(LLM_REGISTER)
+#undef LLM_REGISTER_KV_PAIR
+#undef LLM_REGISTER_KV
+#undef LLM_REGISTER_Q8_K
 #undef LLM_REGISTER_DP4A
-#undef LLM_REGISTER_TYPED
+#undef LLM_REGISTER_ROWS
+#undef LLM_REGISTER_INT
+#undef LLM_REGISTER_FLOAT
 #undef LLM_REGISTER
         return t;
     }();

@@ -1,25 +1,29 @@
 // The GPU backend (cuda/backend.hpp and the kernels) on the SIMT emulator against the reference logits
-// of ../shared/golden: every dense model file with an f16 cache at -ngl 99 (everything on the device),
-// and partial offloads where the activations cross between the CPU and the device.
+// of ../shared/golden: every model file (dense, MoE, MLA in both layouts) with every cache type it has
+// logits for (f16, q8_0, q4_0, iq4_nl) at -ngl 99 (everything on the device), and partial offloads
+// where the activations cross between the CPU and the device.
 #include <doctest/doctest.h>
 
 #include "simt_device.hpp"
 #include "golden.hpp"
 
-namespace {
+#include <cstdio>
 
-// Models the backend runs (dense attention, f16 cache).
-bool offload_supported(const golden::GoldenCase& c) {
-    if (c.kv != "f16") return false;
-    for (const char* arch : {"tiny-llama", "tiny-qwen2", "tiny-qwen3-", "tiny-gemma3"})
-        if (c.model.rfind(arch, 0) == 0) return true;
-    return false;
-}
+namespace {
 
 golden::GoldenCase find_case(const std::string& name) {
     for (const golden::GoldenCase& g : golden::golden_cases())
         if (g.name == name) return g;
     throw std::runtime_error("no golden case " + name);
+}
+
+// The reference's attention: fused (-fa cases) or llama.cpp's plain softmax-then-V (the others).
+llm::FlashAttn flash_attn_of(const golden::GoldenCase& c) { return c.fa ? llm::FlashAttn::On : llm::FlashAttn::Off; }
+
+// Its logits from the device layers, `chunk` tokens per batch, in its cache type and attention mode.
+std::vector<float> run_case(const golden::GoldenCase& c, const llm::Model& m, const std::vector<int32_t>& toks, int chunk) {
+    const llm::Type kv = llm::type_from_name(c.kv);
+    return golden::run_model(m, toks, kv, kv, chunk, flash_attn_of(c));
 }
 
 std::unique_ptr<llm::Model> load_offloaded(const golden::GoldenCase& c, int n_gpu_layers) {
@@ -28,11 +32,18 @@ std::unique_ptr<llm::Model> load_offloaded(const golden::GoldenCase& c, int n_gp
     return llm::Model::load(testutil::shared_dir() + "/golden/models/" + c.model, opt);
 }
 
-// The CPU path's tolerances (test_golden.cpp): tight for F16 weights, the reference's own rounding else.
+// The CPU path's tolerances (test_golden.cpp): tight for F16 weights with an f16 cache, the
+// reference's own rounding else; looser for quantized MoE models, whose near-tied experts route
+// differently at a few positions once sums run in another order (measured: deepseek2-v3-Q4_K_M mean
+// KL 2.1e-2, one position at 0.6, where the CPU path has 1.1e-2 with another position at 0.4).
 void check_agreement(const golden::GoldenCase& c, const golden::Agreement& a) {
-    if (c.model.find("-F16") != std::string::npos) {
+    const bool f16_weights = c.model.find("-F16") != std::string::npos;
+    if (f16_weights && c.kv == "f16") {
         CHECK(a.mean_kl <= 5e-5);
         CHECK(a.top1 >= 0.98);
+    } else if (!f16_weights && (c.model.find("moe") != std::string::npos || c.model.find("deepseek") != std::string::npos)) {
+        CHECK(a.mean_kl <= 3e-2);
+        CHECK(a.top1 >= 0.90);
     } else {
         CHECK(a.mean_kl <= 5e-3);
         CHECK(a.max_kl <= 3e-2);
@@ -42,23 +53,22 @@ void check_agreement(const golden::GoldenCase& c, const golden::Agreement& a) {
 
 } // namespace
 
-TEST_CASE("cuda golden: every dense model with -ngl 99 on the SIMT emulator, one batch") {
+TEST_CASE("cuda golden: every model and cache type with -ngl 99 on the SIMT emulator, one batch") {
     simt_gpu::register_emulator_driver();
     int n_cases = 0;
     for (const golden::GoldenCase& c : golden::golden_cases()) {
-        if (!offload_supported(c)) continue;
         CAPTURE(c.name);
         auto m = load_offloaded(c, 99);
         REQUIRE(m->placement.first_device_layer == 0);
         REQUIRE(m->placement.output_on_device);
         const std::vector<int32_t> toks = golden::json_tokens(testutil::read_file(testutil::shared_dir() + "/golden/logits/" + c.name + ".json"));
         const std::vector<float> ref = golden::reference_logits(c, toks.size() * m->hp.n_vocab);
-        const golden::Agreement a = golden::compare(ref, golden::run_model(*m, toks, llm::Type::F16, 64), m->hp.n_vocab);
+        const golden::Agreement a = golden::compare(ref, run_case(c, *m, toks, 64), m->hp.n_vocab);
         MESSAGE(c.name << " -ngl 99 batch: mean KL " << a.mean_kl << ", max KL " << a.max_kl << ", top-1 " << a.top1);
         check_agreement(c, a);
         n_cases++;
     }
-    CHECK(n_cases >= 20);
+    CHECK(n_cases == 55);  // dense: 30 with an f16 cache, 6 with q8_0 / q4_0 / iq4_nl; qwen3moe: 5; deepseek2: 14
 }
 
 // Decode (the matvec kernels, attention one query at a time) over the first 24 positions: past
@@ -66,7 +76,8 @@ TEST_CASE("cuda golden: every dense model with -ngl 99 on the SIMT emulator, one
 TEST_CASE("cuda golden: -ngl 99 token by token on the SIMT emulator") {
     simt_gpu::register_emulator_driver();
     const size_t n_pos = 24;
-    for (const char* name : {"tiny-llama-F16-kvf16", "tiny-llama-Q4_0-pure-kvf16", "tiny-gemma3-Q4_K_M-kvf16", "tiny-qwen3-Q8_0-kvf16"}) {
+    for (const char* name : {"tiny-llama-F16-kvf16", "tiny-llama-Q4_0-pure-kvf16", "tiny-gemma3-Q4_K_M-kvf16", "tiny-qwen3-Q8_0-kvf16",
+                             "tiny-gemma3-F16-kvq8_0-fa", "tiny-qwen3moe-F16-kvf16", "tiny-deepseek2-v3-F16-kvq8_0-fa"}) {
         const golden::GoldenCase c = find_case(name);
         CAPTURE(c.name);
         auto m = load_offloaded(c, 99);
@@ -74,53 +85,167 @@ TEST_CASE("cuda golden: -ngl 99 token by token on the SIMT emulator") {
         std::vector<float> ref = golden::reference_logits(c, toks.size() * m->hp.n_vocab);
         toks.resize(n_pos);
         ref.resize(n_pos * m->hp.n_vocab);
-        const golden::Agreement a = golden::compare(ref, golden::run_model(*m, toks, llm::Type::F16, 1), m->hp.n_vocab);
+        const golden::Agreement a = golden::compare(ref, run_case(c, *m, toks, 1), m->hp.n_vocab);
         MESSAGE(c.name << " -ngl 99 token by token: mean KL " << a.mean_kl << ", max KL " << a.max_kl << ", top-1 " << a.top1);
         check_agreement(c, a);
     }
 }
 
-TEST_CASE("cuda golden: partial offload (-ngl 2 of 4 layers, -ngl 4 without the output) on the SIMT emulator") {
+TEST_CASE("cuda golden: partial offload (-ngl 2, -ngl n_layer without the output) on the SIMT emulator") {
     simt_gpu::register_emulator_driver();
-    for (const char* name : {"tiny-llama-Q4_K_M-kvf16", "tiny-gemma3-Q8_0-kvf16", "tiny-qwen2-F16-kvf16"}) {
+    for (const char* name : {"tiny-llama-Q4_K_M-kvf16", "tiny-gemma3-Q8_0-kvf16", "tiny-qwen2-F16-kvf16", "tiny-qwen3moe-Q8_0-kvf16",
+                             "tiny-deepseek2-lite-legacy-Q4_K_M-kvf16"}) {
         const golden::GoldenCase c = find_case(name);
         CAPTURE(c.name);
         const std::vector<int32_t> toks = golden::json_tokens(testutil::read_file(testutil::shared_dir() + "/golden/logits/" + c.name + ".json"));
-        for (int ngl : {2, 4}) {
+        const int n_layer = load_offloaded(c, 0)->hp.n_layer;
+        for (int ngl : {2, n_layer}) {
             CAPTURE(ngl);
             auto m = load_offloaded(c, ngl);
             CHECK(m->placement.first_device_layer == m->hp.n_layer - ngl);
             CHECK(!m->placement.output_on_device);
             const std::vector<float> ref = golden::reference_logits(c, toks.size() * m->hp.n_vocab);
-            const golden::Agreement a = golden::compare(ref, golden::run_model(*m, toks, llm::Type::F16, 8), m->hp.n_vocab);
+            const golden::Agreement a = golden::compare(ref, run_case(c, *m, toks, 8), m->hp.n_vocab);
             MESSAGE(c.name << " -ngl " << ngl << " chunk 8: mean KL " << a.mean_kl << ", top-1 " << a.top1);
             check_agreement(c, a);
         }
     }
 }
 
+// Cache types without reference logits (K and V of different types; q4_0 and iq4_nl latent caches):
+// the device layers against the CPU engine running the same model and cache types, at -ngl 2 (the
+// activations cross) and -ngl 99.
+TEST_CASE("cuda golden: K and V caches of different types and quantized latent caches agree with the CPU engine") {
+    simt_gpu::register_emulator_driver();
+    struct Kind {
+        const char* name;
+        llm::Type type_k, type_v;
+    };
+    const Kind kinds[] = {{"tiny-qwen3-F16-kvf16", llm::Type::Q8_0, llm::Type::IQ4_NL},
+                          {"tiny-qwen3-F16-kvf16", llm::Type::F16, llm::Type::Q4_0},
+                          {"tiny-qwen3-F16-kvf16", llm::Type::IQ4_NL, llm::Type::F16},
+                          {"tiny-deepseek2-lite-F16-kvf16", llm::Type::Q4_0, llm::Type::F16}};
+    for (const Kind& kind : kinds) {
+        const golden::GoldenCase c = find_case(kind.name);
+        CAPTURE(c.name);
+        CAPTURE(std::string(llm::type_info(kind.type_k).name));
+        CAPTURE(std::string(llm::type_info(kind.type_v).name));
+        std::vector<int32_t> toks = golden::json_tokens(testutil::read_file(testutil::shared_dir() + "/golden/logits/" + c.name + ".json"));
+        toks.resize(40);
+        auto cpu_model = load_offloaded(c, 0);
+        const std::vector<float> cpu = golden::run_model(*cpu_model, toks, kind.type_k, kind.type_v, 16);
+        for (int ngl : {2, 99}) {
+            CAPTURE(ngl);
+            const golden::Agreement a = golden::compare(cpu, golden::run_model(*load_offloaded(c, ngl), toks, kind.type_k, kind.type_v, 16), cpu_model->hp.n_vocab);
+            MESSAGE(c.model << " -ctk " << std::string(llm::type_info(kind.type_k).name) << " -ctv " << std::string(llm::type_info(kind.type_v).name) << " -ngl " << ngl
+                            << " vs the CPU: mean KL " << a.mean_kl << ", max KL " << a.max_kl << ", top-1 " << a.top1);
+            // A last-bit difference upstream flips a quantized cache value, which the following layers
+            // amplify (measured: mean KL up to 3e-5 at -ngl 2, 1.1e-3 at -ngl 99).
+            CHECK(a.mean_kl <= (ngl == 2 ? 1e-4 : 2e-3));
+            CHECK(a.top1 >= 0.95);
+        }
+    }
+}
+
+// A sequence saved from one context and restored into another continues bit for bit: the device
+// layers' rows come back in their cache types (quantized K and V of their own sizes; a latent cache
+// without V rows).
+TEST_CASE("cuda golden: seq_save / seq_restore carry the device layers' quantized and latent cache rows") {
+    simt_gpu::register_emulator_driver();
+    struct Kind {
+        const char* name;
+        int ngl;
+        llm::Type type_k, type_v;
+    };
+    for (const Kind& kind : {Kind{"tiny-qwen3-F16-kvf16", 2, llm::Type::Q8_0, llm::Type::IQ4_NL}, Kind{"tiny-deepseek2-lite-F16-kvf16", 99, llm::Type::Q4_0, llm::Type::F16}}) {
+        CAPTURE(kind.name);
+        const golden::GoldenCase c = find_case(kind.name);
+        const std::vector<int32_t> toks = golden::json_tokens(testutil::read_file(testutil::shared_dir() + "/golden/logits/" + c.name + ".json"));
+        auto m = load_offloaded(c, kind.ngl);
+        llm::ContextParams cp;
+        cp.n_ctx = 64;
+        cp.type_k = kind.type_k, cp.type_v = kind.type_v;
+        cp.n_threads = 2;
+        llm::Context original(*m, cp), restored(*m, cp);
+        llm::Batch prompt, next;
+        for (int i = 0; i < 20; i++) prompt.add(toks[i], i, 0, false);
+        next.add(toks[20], 20, 0, true);
+        original.decode(prompt);
+        restored.seq_restore(0, original.seq_save(0, 20));
+        original.decode(next);
+        restored.decode(next);
+        CHECK(std::memcmp(original.logits(0), restored.logits(0), sizeof(float) * m->hp.n_vocab) == 0);
+    }
+}
+
+namespace {
+// llm-server-emu --dump-logits of a golden case's tokens with `flags`: its exit status, log and logits.
+struct EmuRun {
+    int rc = 0;
+    std::string log;
+    std::vector<float> logits;
+};
+EmuRun run_emu(const golden::GoldenCase& c, const std::vector<int32_t>& toks, const std::string& flags) {
+    std::string ids;
+    for (int32_t t : toks) ids += (ids.empty() ? "" : ",") + std::to_string(t);
+    const std::string out = "build/emu-dump.f32";
+    std::remove(out.c_str());
+    EmuRun r;
+    r.rc = testutil::run("./llm-server-emu -m " + testutil::shared_dir() + "/golden/models/" + c.model + " --prompt-ids " + ids + " --dump-logits " + out +
+                             " " + flags + " 2>&1",
+                         &r.log);
+    if (r.rc != 0) return r;
+    const std::string raw = testutil::read_file(out);
+    r.logits.resize(raw.size() / sizeof(float));
+    std::memcpy(r.logits.data(), raw.data(), r.logits.size() * sizeof(float));
+    return r;
+}
+} // namespace
+
 TEST_CASE("cuda golden: llm-server-emu --dump-logits with -ngl 99 / -ngl all / -ngl 2 matches the reference") {
     REQUIRE(testutil::file_exists("./llm-server-emu"));
     const golden::GoldenCase c = find_case("tiny-llama-Q4_0-pure-kvf16");
     const std::vector<int32_t> toks = golden::json_tokens(testutil::read_file(testutil::shared_dir() + "/golden/logits/" + c.name + ".json"));
-    std::string ids;
-    for (int32_t t : toks) ids += (ids.empty() ? "" : ",") + std::to_string(t);
-    const std::string out = "build/emu-dump.f32";
+    const std::vector<float> ref = golden::reference_logits(c, toks.size() * 1024);
     for (const std::string ngl : {"99", "all", "2"}) {
         CAPTURE(ngl);
-        std::string log;
-        const int rc = testutil::run("./llm-server-emu -m " + testutil::shared_dir() + "/golden/models/" + c.model + " --prompt-ids " + ids +
-                                         " --dump-logits " + out + " -ngl " + ngl + " 2>&1",
-                                     &log);
-        REQUIRE_MESSAGE(rc == 0, log);
-        const std::string raw = testutil::read_file(out);
-        const std::vector<float> ref = golden::reference_logits(c, toks.size() * 1024);
-        REQUIRE(raw.size() == ref.size() * sizeof(float));
-        std::vector<float> ours(ref.size());
-        std::memcpy(ours.data(), raw.data(), raw.size());
-        const golden::Agreement a = golden::compare(ref, ours, 1024);
+        const EmuRun r = run_emu(c, toks, "-ngl " + ngl);
+        REQUIRE_MESSAGE(r.rc == 0, r.log);
+        REQUIRE(r.logits.size() == ref.size());
+        const golden::Agreement a = golden::compare(ref, r.logits, 1024);
         MESSAGE("llm-server-emu -ngl " << ngl << ": mean KL " << a.mean_kl << ", top-1 " << a.top1);
         CHECK(a.mean_kl <= 5e-3);
         CHECK(a.top1 >= 0.90);
     }
+}
+
+// -fa as llama.cpp: on / auto (and bare -fa) run the fused kernel over a quantized cache; off refuses a
+// quantized V cache (an f16 one runs); anything else is a usage error.
+TEST_CASE("cuda golden: llm-server-emu -ctk/-ctv q4_0 with -fa on|auto matches the reference, -fa off refuses it") {
+    REQUIRE(testutil::file_exists("./llm-server-emu"));
+    const golden::GoldenCase c = find_case("tiny-llama-F16-kvq4_0-fa");
+    std::vector<int32_t> toks = golden::json_tokens(testutil::read_file(testutil::shared_dir() + "/golden/logits/" + c.name + ".json"));
+    toks.resize(24);
+    std::vector<float> ref = golden::reference_logits(c, 64 * 1024);
+    ref.resize(toks.size() * 1024);
+    for (const std::string fa : {"-fa on", "-fa auto", "-fa", ""}) {
+        CAPTURE(fa);
+        const EmuRun r = run_emu(c, toks, "-ngl 99 -ctk q4_0 -ctv q4_0 " + fa);
+        REQUIRE_MESSAGE(r.rc == 0, r.log);
+        REQUIRE(r.logits.size() == ref.size());
+        const golden::Agreement a = golden::compare(ref, r.logits, 1024);
+        MESSAGE("llm-server-emu -ngl 99 -ctk/-ctv q4_0 " << fa << ": mean KL " << a.mean_kl << ", max KL " << a.max_kl << ", top-1 " << a.top1);
+        CHECK(a.mean_kl <= 5e-3);
+        CHECK(a.max_kl <= 3e-2);
+        CHECK(a.top1 >= 0.90);
+    }
+    const EmuRun off = run_emu(c, toks, "-ngl 99 -ctk q4_0 -ctv q4_0 -fa off");
+    CHECK(off.rc != 0);
+    CHECK(off.log.find("V cache quantization requires flash attention") != std::string::npos);
+    CHECK(run_emu(c, toks, "-ngl 99 -ctk q4_0 -fa off").rc == 0);  // a quantized K alone is fine
+    std::string log;
+    CHECK(testutil::run("LLAMA_ARG_FLASH_ATTN=sometimes ./llm-server-emu -m " + testutil::shared_dir() + "/golden/models/" + c.model +
+                            " --prompt-ids 1 --dump-logits build/emu-dump.f32 2>&1",
+                        &log) != 0);
+    CHECK(log.find("expected on, off or auto after LLAMA_ARG_FLASH_ATTN, got 'sometimes'") != std::string::npos);
 }

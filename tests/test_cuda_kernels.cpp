@@ -8,6 +8,7 @@
 #include "../cuda/matmul.cuh"
 #include "../cuda/ops.cuh"
 #include "../cuda/attention.cuh"
+#include "../cuda/moe.cuh"
 #include "../llm.hpp"
 
 #include <chrono>
@@ -133,26 +134,35 @@ namespace {
 
 using MatvecKernel = void (*)(const uint8_t*, size_t, const float*, float*, int, int);
 using MatvecDp4aKernel = void (*)(const uint8_t*, size_t, const BlockQ8_1*, float*, int, int);
+using MatvecQ8KKernel = void (*)(const uint8_t*, size_t, const BlockQ8_K*, float*, int, int);
+using MatmulQ8_1Kernel = void (*)(const uint8_t*, size_t, const BlockQ8_1*, float*, int, int, int);
+using MatmulQ8KKernel = void (*)(const uint8_t*, size_t, const BlockQ8_K*, float*, int, int, int);
 using MatmulKernel = void (*)(const uint8_t*, size_t, const float*, float*, int, int, int);
 using GetRowsKernel = void (*)(const uint8_t*, size_t, const int*, float*, int, float);
 
-// Each weight type's kernels (dp4a: nullptr where the type has no integer path).
+// Each weight type's kernels: f32 activations for the float types, q8_1 (dp4a) or q8_K ones for the
+// quantized types (nullptr where a type has no such kernel).
 struct WeightKernels {
     llm::Type type;
     MatvecKernel matvec;
-    MatvecDp4aKernel dp4a;
     MatmulKernel matmul;
+    MatvecDp4aKernel dp4a;
+    MatmulQ8_1Kernel matmul_q8_1;
+    MatvecQ8KKernel q8_K;
+    MatmulQ8KKernel matmul_q8_K;
     GetRowsKernel get_rows;
 };
-#define KERNELS_OF(name) matvec_##name, nullptr, matmul_##name, get_rows_##name
-#define KERNELS_OF_DP4A(name) matvec_##name, matvec_q8_1_##name, matmul_##name, get_rows_##name
+#define KERNELS_OF(name) matvec_##name, matmul_##name, nullptr, nullptr, nullptr, nullptr, get_rows_##name
+#define KERNELS_OF_DP4A(name) nullptr, nullptr, matvec_q8_1_##name, matmul_q8_1_##name, nullptr, nullptr, get_rows_##name
+#define KERNELS_OF_Q8_K(name) nullptr, nullptr, nullptr, nullptr, matvec_q8_K_##name, matmul_q8_K_##name, get_rows_##name
 const WeightKernels kWeightKernels[] = {
     {llm::Type::F32, KERNELS_OF(f32)},   {llm::Type::F16, KERNELS_OF(f16)},   {llm::Type::BF16, KERNELS_OF(bf16)},
     {llm::Type::Q4_0, KERNELS_OF_DP4A(q4_0)}, {llm::Type::Q4_1, KERNELS_OF_DP4A(q4_1)}, {llm::Type::Q5_0, KERNELS_OF_DP4A(q5_0)},
     {llm::Type::Q5_1, KERNELS_OF_DP4A(q5_1)}, {llm::Type::Q8_0, KERNELS_OF_DP4A(q8_0)}, {llm::Type::IQ4_NL, KERNELS_OF_DP4A(iq4_nl)},
-    {llm::Type::Q2_K, KERNELS_OF(q2_K)}, {llm::Type::Q3_K, KERNELS_OF(q3_K)}, {llm::Type::Q4_K, KERNELS_OF(q4_K)},
-    {llm::Type::Q5_K, KERNELS_OF(q5_K)}, {llm::Type::Q6_K, KERNELS_OF(q6_K)},
+    {llm::Type::Q2_K, KERNELS_OF_Q8_K(q2_K)}, {llm::Type::Q3_K, KERNELS_OF_Q8_K(q3_K)}, {llm::Type::Q4_K, KERNELS_OF_Q8_K(q4_K)},
+    {llm::Type::Q5_K, KERNELS_OF_Q8_K(q5_K)}, {llm::Type::Q6_K, KERNELS_OF_Q8_K(q6_K)},
 };
+#undef KERNELS_OF_Q8_K
 #undef KERNELS_OF
 #undef KERNELS_OF_DP4A
 
@@ -172,6 +182,15 @@ std::vector<float> cpu_row(llm::Type t, const std::vector<uint8_t>& W, int k, in
     return row;
 }
 
+// Activations as the CPU's dot product takes them against a float type t: rounded to t.
+std::vector<float> as_activations(llm::Type t, const std::vector<float>& x) {
+    std::vector<uint8_t> bytes(llm::row_bytes(t, int64_t(x.size())));
+    std::vector<float> out(x.size());
+    llm::quantize_row(t, x.data(), bytes.data(), int64_t(x.size()));
+    llm::dequantize_row(t, bytes.data(), out.data(), int64_t(out.size()));
+    return out;
+}
+
 // |got - want| within `rel` of the sum of the magnitudes of the products (the scale of the rounding).
 void check_dot(float got, double want, double magnitude, double rel) {
     CHECK(std::fabs(got - want) <= rel * magnitude + 1e-30);
@@ -179,20 +198,22 @@ void check_dot(float got, double want, double magnitude, double rel) {
 
 } // namespace
 
-TEST_CASE("cuda kernels: matvec (3 tokens) of every weight type with f32 activations vs the CPU's dequantization") {
+TEST_CASE("cuda kernels: matvec (3 tokens) of the float types with f32 activations vs the CPU's values") {
     const int k = 512, rows = 40, n_tokens = 3;  // the last block has idle warps
     const std::vector<float> x = random_floats(size_t(n_tokens) * k, 11);
     for (const WeightKernels& wk : kWeightKernels) {
+        if (!wk.matvec) continue;
         CAPTURE(std::string(llm::type_info(wk.type).name));
         const std::vector<uint8_t> W = random_weights(wk.type, rows, k, 12);
         std::vector<float> y(size_t(n_tokens) * rows, NAN);
         simt::launch(dim3((rows + kMatvecRowsPerBlock - 1) / kMatvecRowsPerBlock, n_tokens), dim3(kMatvecThreads), wk.matvec, W.data(),
                      llm::row_bytes(wk.type, k), x.data(), y.data(), k, rows);
+        const std::vector<float> xa = as_activations(wk.type, x);
         for (int t = 0; t < n_tokens; t++)
             for (int r = 0; r < rows; r++) {
                 const std::vector<float> w = cpu_row(wk.type, W, k, r);
                 double want = 0, magnitude = 0;
-                for (int i = 0; i < k; i++) want += double(w[i]) * x[t * k + i], magnitude += std::fabs(double(w[i]) * x[t * k + i]);
+                for (int i = 0; i < k; i++) want += double(w[i]) * xa[t * k + i], magnitude += std::fabs(double(w[i]) * xa[t * k + i]);
                 check_dot(y[t * rows + r], want, magnitude, 1e-5);
             }
     }
@@ -231,14 +252,48 @@ TEST_CASE("cuda kernels: q8_1 activations bit-exact with the CPU's, dp4a matvec 
     }
 }
 
-TEST_CASE("cuda kernels: tiled matmul (prefill) of every weight type vs the CPU's dequantization, every thread order") {
+TEST_CASE("cuda kernels: q8_K activations bit-exact with the CPU's, K-quant dp4a matvec (2 tokens) vs the CPU's vec_dot") {
+    const int k = 1024, rows = 24, n_tokens = 2;
+    std::vector<float> x = random_floats(size_t(n_tokens) * k, 23);
+    for (int i = 256; i < 512; i++) x[i] = 0.0f;  // an all-zero block
+    for (int i = 512; i < 768; i++) x[i] = i % 3 ? 0.5f : -0.5f;  // ties for the largest magnitude
+    x[1024 + 7] = 100.0f;  // one dominant value: the others round towards zero
+    std::vector<BlockQ8_K> act(size_t(n_tokens) * k / 256);
+    simt::launch(dim3(1), dim3(256), quantize_q8_K, (const float*)x.data(), act.data(), n_tokens * k);
+    std::vector<uint8_t> cpu_act(llm::row_bytes(llm::Type::Q8_K, n_tokens * k));
+    llm::quantize_row(llm::Type::Q8_K, x.data(), cpu_act.data(), n_tokens * k);
+    REQUIRE(cpu_act.size() == act.size() * sizeof(BlockQ8_K));
+    CHECK(std::memcmp(act.data(), cpu_act.data(), cpu_act.size()) == 0);
+    const size_t act_row = llm::row_bytes(llm::Type::Q8_K, k);
+    for (const WeightKernels& wk : kWeightKernels) {
+        if (!wk.q8_K) continue;
+        CAPTURE(std::string(llm::type_info(wk.type).name));
+        const std::vector<uint8_t> W = random_weights(wk.type, rows, k, 24);
+        const size_t row_bytes = llm::row_bytes(wk.type, k);
+        std::vector<float> y(size_t(n_tokens) * rows, NAN);
+        simt::launch(dim3((rows + kMatvecRowsPerBlock - 1) / kMatvecRowsPerBlock, n_tokens), dim3(kMatvecThreads), wk.q8_K, W.data(), row_bytes,
+                     (const BlockQ8_K*)act.data(), y.data(), k, rows);
+        for (int t = 0; t < n_tokens; t++)
+            for (int r = 0; r < rows; r++) {
+                const float want = llm::vec_dot(wk.type, k, &W[r * row_bytes], &cpu_act[t * act_row]);
+                const std::vector<float> w = cpu_row(wk.type, W, k, r);
+                double magnitude = 0;
+                for (int i = 0; i < k; i++) magnitude += std::fabs(double(w[i]) * x[size_t(t) * k + i]);
+                check_dot(y[size_t(t) * rows + r], want, magnitude, 1e-5);
+            }
+    }
+}
+
+TEST_CASE("cuda kernels: tiled matmul (prefill) of the float types vs the CPU's values, every thread order") {
     const int k = 256, rows = 40, n_tokens = 37;  // partial tiles in both directions
     const std::vector<float> X = random_floats(size_t(n_tokens) * k, 31);
     for (const WeightKernels& wk : kWeightKernels) {
+        if (!wk.matmul) continue;
         CAPTURE(std::string(llm::type_info(wk.type).name));
         const std::vector<uint8_t> W = random_weights(wk.type, rows, k, 32);
         std::vector<std::vector<float>> w_rows;
         for (int r = 0; r < rows; r++) w_rows.push_back(cpu_row(wk.type, W, k, r));
+        const std::vector<float> Xa = as_activations(wk.type, X);
         for (simt::Order order : kOrders) {
             std::vector<float> Y(size_t(n_tokens) * rows, NAN);
             simt::launch_ordered(order, 9, dim3((rows + kTile - 1) / kTile, (n_tokens + kTile - 1) / kTile), dim3(kMatmulThreads), wk.matmul,
@@ -247,10 +302,55 @@ TEST_CASE("cuda kernels: tiled matmul (prefill) of every weight type vs the CPU'
                 for (int r = 0; r < rows; r++) {
                     double want = 0, magnitude = 0;
                     for (int i = 0; i < k; i++) {
-                        const double p = double(w_rows[r][i]) * X[size_t(t) * k + i];
+                        const double p = double(w_rows[r][i]) * Xa[size_t(t) * k + i];
                         want += p, magnitude += std::fabs(p);
                     }
                     check_dot(Y[size_t(t) * rows + r], want, magnitude, 1e-5);
+                }
+        }
+    }
+}
+
+namespace {
+// The device's activation blocks as the CPU's vec_dot for `weight` takes them: q8_K as they are, q8_1
+// as they are for the types with a min, else as q8_0 blocks (d, qs).
+std::vector<uint8_t> cpu_activations(llm::Type weight, const std::vector<BlockQ8_1>& q8_1, const std::vector<BlockQ8_K>& q8_K) {
+    const llm::Type t = llm::vec_dot_type(weight);
+    if (t == llm::Type::Q8_K) return std::vector<uint8_t>((const uint8_t*)q8_K.data(), (const uint8_t*)(q8_K.data() + q8_K.size()));
+    if (t == llm::Type::Q8_1) return std::vector<uint8_t>((const uint8_t*)q8_1.data(), (const uint8_t*)(q8_1.data() + q8_1.size()));
+    std::vector<uint8_t> out(q8_1.size() * 34);
+    for (size_t b = 0; b < q8_1.size(); b++) std::memcpy(&out[b * 34], &q8_1[b].d, 2), std::memcpy(&out[b * 34 + 2], q8_1[b].qs, 32);
+    return out;
+}
+} // namespace
+
+// Prefill of the quantized types: the activations quantized by the device (q8_1 for the 32-value
+// types, q8_K for the K-quants), the tiles against the CPU's vec_dot on the same activation blocks.
+TEST_CASE("cuda kernels: integer tiled matmul (prefill) of every quantized type vs the CPU's vec_dot, every thread order") {
+    const int k = 512, rows = 40, n_tokens = 37;  // partial tiles in both directions
+    const std::vector<float> X = random_floats(size_t(n_tokens) * k, 33);
+    std::vector<BlockQ8_1> act_q8_1(size_t(n_tokens) * k / 32);
+    std::vector<BlockQ8_K> act_q8_K(size_t(n_tokens) * k / 256);
+    simt::launch(dim3(unsigned(act_q8_1.size() + 7) / 8), dim3(256), quantize_q8_1, X.data(), act_q8_1.data(), n_tokens * k);
+    simt::launch(dim3(unsigned(act_q8_K.size() + 7) / 8), dim3(256), quantize_q8_K, X.data(), act_q8_K.data(), n_tokens * k);
+    for (const WeightKernels& wk : kWeightKernels) {
+        if (!wk.matmul_q8_1 && !wk.matmul_q8_K) continue;
+        CAPTURE(std::string(llm::type_info(wk.type).name));
+        const std::vector<uint8_t> W = random_weights(wk.type, rows, k, 34);
+        const size_t row_bytes = llm::row_bytes(wk.type, k);
+        const size_t act_row = llm::row_bytes(llm::vec_dot_type(wk.type), k);
+        const std::vector<uint8_t> cpu_act = cpu_activations(wk.type, act_q8_1, act_q8_K);
+        for (simt::Order order : kOrders) {
+            std::vector<float> Y(size_t(n_tokens) * rows, NAN);
+            const dim3 grid((rows + kTile - 1) / kTile, (n_tokens + kTile - 1) / kTile);
+            if (wk.q8_K) simt::launch_ordered(order, 9, grid, dim3(kMatmulThreads), wk.matmul_q8_K, W.data(), row_bytes, (const BlockQ8_K*)act_q8_K.data(), Y.data(), k, rows, n_tokens);
+            else simt::launch_ordered(order, 9, grid, dim3(kMatmulThreads), wk.matmul_q8_1, W.data(), row_bytes, (const BlockQ8_1*)act_q8_1.data(), Y.data(), k, rows, n_tokens);
+            for (int t = 0; t < n_tokens; t++)
+                for (int r = 0; r < rows; r++) {
+                    const std::vector<float> w = cpu_row(wk.type, W, k, r);
+                    double magnitude = 0;
+                    for (int i = 0; i < k; i++) magnitude += std::fabs(double(w[i]) * X[size_t(t) * k + i]);
+                    check_dot(Y[size_t(t) * rows + r], llm::vec_dot(wk.type, k, &W[r * row_bytes], &cpu_act[t * act_row]), magnitude, 1e-5);
                 }
         }
     }
@@ -371,41 +471,248 @@ TEST_CASE("cuda kernels: SiLU / GELU gating, residual add with a period, scale, 
     }
 }
 
-TEST_CASE("cuda kernels: fused attention over an f16 cache (GQA, causal, sliding window) vs softmax then sum") {
+namespace {
+
+using StoreRowsKernel = void (*)(const float*, uint8_t*, const int*, int, size_t);
+using AttnKernel = void (*)(const float*, const uint8_t*, const uint8_t*, const int*, const int*, const int*, float*, AttnParams);
+struct KvKernels {
+    llm::Type type;
+    StoreRowsKernel store;
+};
+const KvKernels kKvKernels[] = {
+    {llm::Type::F16, store_rows_f16}, {llm::Type::Q8_0, store_rows_q8_0}, {llm::Type::Q4_0, store_rows_q4_0}, {llm::Type::IQ4_NL, store_rows_iq4_nl}};
+struct AttnPair {
+    llm::Type k, v;
+    AttnKernel kernel;
+};
+#define ATTN_PAIR(kname, KT, vname, VT) {llm::type_from_name(#kname), llm::type_from_name(#vname), flash_attn_##kname##_##vname},
+const AttnPair kAttnPairs[] = {LLM_FOR_EACH_KV_PAIR(ATTN_PAIR)};
+#undef ATTN_PAIR
+
+// The CPU's cache rows of type t for n rows of `row` values (quantize_row, as store_kv writes them).
+std::vector<uint8_t> cpu_cache_rows(llm::Type t, const std::vector<float>& values, int row) {
+    const size_t bytes = llm::row_bytes(t, row), n = values.size() / row;
+    std::vector<uint8_t> out(bytes * n);
+    for (size_t r = 0; r < n; r++) llm::quantize_row(t, &values[r * row], &out[r * bytes], row);
+    return out;
+}
+
+} // namespace
+
+TEST_CASE("cuda kernels: KV cache rows of every cache type are bit-identical with the CPU's, in their cells") {
+    const int row = 128, n_tokens = 5, n_cells = 9;
+    const int cells[n_tokens] = {7, 0, 3, 8, 4};
+    std::vector<float> rows = random_floats(size_t(n_tokens) * row, 91, 2.0f);
+    for (int i = 32; i < 64; i++) rows[i] = 0.0f;  // an all-zero block
+    for (int i = 64; i < 96; i++) rows[i] = i % 2 ? 0.5f : -0.5f;  // ties for the signed maximum
+    for (const KvKernels& kk : kKvKernels) {
+        CAPTURE(std::string(llm::type_info(kk.type).name));
+        const size_t row_bytes = llm::row_bytes(kk.type, row);
+        std::vector<uint8_t> cache(n_cells * row_bytes, 0xAB);
+        simt::launch(dim3(n_tokens), dim3(32), kk.store, rows.data(), cache.data(), cells, row, row_bytes);
+        const std::vector<uint8_t> want = cpu_cache_rows(kk.type, rows, row);
+        for (int t = 0; t < n_tokens; t++) CHECK(std::memcmp(&cache[cells[t] * row_bytes], &want[t * row_bytes], row_bytes) == 0);
+        for (int c : {1, 2, 5, 6}) CHECK(cache[c * row_bytes] == 0xAB);  // cells nobody wrote
+    }
+}
+
+TEST_CASE("cuda kernels: Walsh-Hadamard rotation is the CPU's butterflies (bit-exact) and orthonormal") {
+    for (int n : {64, 128, 256}) {
+        CAPTURE(n);
+        const std::vector<float> x = random_floats(size_t(3) * n, 92);
+        std::vector<float> y = x, want = x;
+        for (simt::Order order : kOrders) {
+            y = x;
+            simt::launch_ordered(order, 5, dim3(3), dim3(128), hadamard, y.data(), n);
+            want = x;  // llm.hpp's hadamard(), written out
+            for (int b = 0; b < 3; b++) {
+                float* v = &want[size_t(b) * n];
+                for (int len = 1; len < n; len *= 2)
+                    for (int i = 0; i < n; i += 2 * len)
+                        for (int j = i; j < i + len; j++) {
+                            const float u = v[j], w = v[j + len];
+                            v[j] = u + w, v[j + len] = u - w;
+                        }
+                for (int i = 0; i < n; i++) v[i] *= 1.0f / std::sqrt(float(n));
+            }
+            CHECK(std::memcmp(y.data(), want.data(), y.size() * 4) == 0);
+        }
+        simt::launch(dim3(3), dim3(64), hadamard, y.data(), n);  // its own inverse
+        for (size_t i = 0; i < x.size(); i++) CHECK(y[i] == doctest::Approx(x[i]).epsilon(1e-5).scale(1.0));
+    }
+}
+
+TEST_CASE("cuda kernels: fused attention over every K x V cache type pair (GQA, causal, sliding window, online or exact softmax) vs softmax then sum") {
     const int n_head = 8, n_head_kv = 2, head_dim = 64, n_cells = 48, page = 16;
     const int pos[] = {0, 13, 38, 39};
     const int seq[] = {0, 0, 0, 0};
     const int page_cells[] = {32, 0, 16};  // the sequence's pages out of order in the pool
     auto cell_of = [&](int c) { return page_cells[c / page] + c % page; };
-    const int n_tokens = 4;
+    const int n_tokens = 4, kv_row = n_head_kv * head_dim;
     const std::vector<float> q = random_floats(size_t(n_tokens) * n_head * head_dim, 81);
-    const std::vector<float> kf = random_floats(size_t(n_cells) * n_head_kv * head_dim, 82), vf = random_floats(kf.size(), 83);
-    std::vector<uint16_t> k_cache(kf.size()), v_cache(vf.size());
-    for (size_t i = 0; i < kf.size(); i++) k_cache[i] = __half_as_ushort(__float2half(kf[i])), v_cache[i] = __half_as_ushort(__float2half(vf[i]));
-    auto h2f = [](uint16_t b) { return double(__half2float(__ushort_as_half(b))); };
-    for (int n_swa : {0, 10}) {
-        const AttnParams p{n_tokens, n_head, n_head_kv, head_dim, head_dim, n_head_kv * head_dim, n_head_kv * head_dim, 0.125f, n_swa, 3, page};
-        std::vector<float> out(size_t(n_tokens) * n_head * head_dim, NAN);
-        simt::launch(dim3((n_tokens * n_head + kAttnThreads / 32 - 1) / (kAttnThreads / 32)), dim3(kAttnThreads), flash_attn_f16, q.data(), (const uint16_t*)k_cache.data(),
-                     (const uint16_t*)v_cache.data(), pos, seq, page_cells, out.data(), p);
-        for (int t = 0; t < n_tokens; t++)
-            for (int h = 0; h < n_head; h++) {
-                const int hk = h / (n_head / n_head_kv), lo = n_swa ? std::max(0, pos[t] - n_swa + 1) : 0;
-                std::vector<double> score;
-                double m = -1e30, sum = 0;
-                for (int c = lo; c <= pos[t]; c++) {
-                    double d = 0;
-                    for (int i = 0; i < head_dim; i++)
-                        d += double(__half2float(__float2half(q[(size_t(t) * n_head + h) * head_dim + i]))) * h2f(k_cache[(size_t(cell_of(c)) * n_head_kv + hk) * head_dim + i]);
-                    score.push_back(d * 0.125);
-                    m = std::max(m, d * 0.125);
+    const std::vector<float> kf = random_floats(size_t(n_cells) * kv_row, 82), vf = random_floats(kf.size(), 83);
+    for (const AttnPair& pair : kAttnPairs) {
+        CAPTURE(std::string(llm::type_info(pair.k).name));
+        CAPTURE(std::string(llm::type_info(pair.v).name));
+        const std::vector<uint8_t> k_cache = cpu_cache_rows(pair.k, kf, kv_row), v_cache = cpu_cache_rows(pair.v, vf, kv_row);
+        // What the attention reads: the CPU's dequantized rows, and the query as the K type's dot product takes it.
+        std::vector<float> k_rows(kf.size()), v_rows(vf.size()), q_seen(q.size());
+        const size_t k_bytes = llm::row_bytes(pair.k, kv_row), v_bytes = llm::row_bytes(pair.v, kv_row);
+        for (int c = 0; c < n_cells; c++) {
+            llm::dequantize_row(pair.k, &k_cache[c * k_bytes], &k_rows[size_t(c) * kv_row], kv_row);
+            llm::dequantize_row(pair.v, &v_cache[c * v_bytes], &v_rows[size_t(c) * kv_row], kv_row);
+        }
+        const llm::Type qt = llm::vec_dot_type(pair.k);
+        std::vector<uint8_t> q_bytes(llm::row_bytes(qt, head_dim));
+        for (size_t h = 0; h < q.size() / head_dim; h++) {
+            llm::quantize_row(qt, &q[h * head_dim], q_bytes.data(), head_dim);
+            llm::dequantize_row(qt, q_bytes.data(), &q_seen[h * head_dim], head_dim);
+        }
+        for (auto [n_swa, exact] : {std::make_pair(0, 0), std::make_pair(10, 0), std::make_pair(10, 1)}) {
+            CAPTURE(n_swa);
+            CAPTURE(exact);
+            const AttnParams p{n_tokens, n_head, n_head_kv, head_dim, head_dim, int(k_bytes), int(v_bytes), 0.125f, n_swa, 3, page, exact};
+            std::vector<float> out(size_t(n_tokens) * n_head * head_dim, NAN);
+            simt::launch(dim3((n_tokens * n_head + kAttnThreads / 32 - 1) / (kAttnThreads / 32)), dim3(kAttnThreads), pair.kernel, q.data(),
+                         k_cache.data(), v_cache.data(), pos, seq, page_cells, out.data(), p);
+            for (int t = 0; t < n_tokens; t++)
+                for (int h = 0; h < n_head; h++) {
+                    const int hk = h / (n_head / n_head_kv), lo = n_swa ? std::max(0, pos[t] - n_swa + 1) : 0;
+                    std::vector<double> score;
+                    double m = -1e30, sum = 0;
+                    for (int c = lo; c <= pos[t]; c++) {
+                        double d = 0;
+                        for (int i = 0; i < head_dim; i++)
+                            d += double(q_seen[(size_t(t) * n_head + h) * head_dim + i]) * k_rows[size_t(cell_of(c)) * kv_row + hk * head_dim + i];
+                        score.push_back(d * 0.125);
+                        m = std::max(m, d * 0.125);
+                    }
+                    for (double& sc : score) sum += (sc = std::exp(sc - m));
+                    // -fa off against an f16 V: the probabilities rounded to f16 (a rounding step apart at most)
+                    const bool rounded = exact && pair.v == llm::Type::F16;
+                    for (int i = 0; i < head_dim; i++) {
+                        double want = 0;
+                        for (int c = lo; c <= pos[t]; c++) {
+                            const double prob = rounded ? __half2float(__float2half(float(score[c - lo] / sum))) : score[c - lo] / sum;
+                            want += prob * v_rows[size_t(cell_of(c)) * kv_row + hk * head_dim + i];
+                        }
+                        CHECK(out[(size_t(t) * n_head + h) * head_dim + i] == doctest::Approx(want).epsilon(rounded ? 2e-3 : 1e-5).scale(1.0));
+                    }
                 }
-                for (double& s : score) sum += (s = std::exp(s - m));
-                for (int i = 0; i < head_dim; i++) {
-                    double want = 0;
-                    for (int c = lo; c <= pos[t]; c++) want += score[c - lo] / sum * h2f(v_cache[(size_t(cell_of(c)) * n_head_kv + hk) * head_dim + i]);
-                    CHECK(out[(size_t(t) * n_head + h) * head_dim + i] == doctest::Approx(want).epsilon(1e-5).scale(1.0));
-                }
+        }
+    }
+}
+
+TEST_CASE("cuda kernels: MoE routing (softmax / sigmoid, selection bias, groups, normalization, scale) equals the CPU's moe_route") {
+    const int n_tokens = 37, n_expert = 16;
+    std::vector<float> logits = random_floats(size_t(n_tokens) * n_expert, 101, 2.0f);
+    for (int e = 0; e < n_expert; e++) logits[5 * n_expert + e] = 0.25f;  // all tied: the lowest indices win
+    const std::vector<float> bias = random_floats(n_expert, 102, 0.1f);
+    struct Routing {
+        llm::ExpertGating gating;
+        int n_used, n_groups, n_group_used;
+        bool normalize, with_bias;
+        float scale;
+    };
+    const Routing routings[] = {{llm::ExpertGating::Softmax, 3, 0, 0, false, false, 1.0f},  // deepseek2-lite
+                                {llm::ExpertGating::Softmax, 4, 0, 0, true, false, 1.0f},   // qwen3moe
+                                {llm::ExpertGating::Sigmoid, 4, 4, 2, true, true, 2.5f}};   // deepseek-v3
+    for (const Routing& r : routings) {
+        CAPTURE(r.n_used);
+        llm::HParams hp;
+        hp.n_expert = n_expert, hp.n_expert_used = r.n_used, hp.n_expert_groups = r.n_groups, hp.n_group_used = r.n_group_used;
+        hp.expert_gating = r.gating, hp.expert_weights_norm = r.normalize, hp.expert_weights_scale = r.scale;
+        const MoeParams p{n_expert, r.n_used, r.n_groups, r.n_group_used, int(r.gating == llm::ExpertGating::Sigmoid), int(r.normalize), r.scale};
+        std::vector<int> experts(size_t(n_tokens) * r.n_used, -1);
+        std::vector<float> weights(experts.size(), NAN);
+        simt::launch(dim3(2), dim3(32), moe_route, (const float*)logits.data(), r.with_bias ? bias.data() : (const float*)nullptr, experts.data(),
+                     weights.data(), n_tokens, p);
+        for (int t = 0; t < n_tokens; t++) {
+            std::vector<int32_t> want_e(r.n_used);
+            std::vector<float> want_w(r.n_used);
+            llm::moe_route(hp, &logits[size_t(t) * n_expert], r.with_bias ? bias.data() : nullptr, want_e.data(), want_w.data());
+            std::vector<std::pair<int, float>> want;  // the kernel lists them by ascending expert
+            for (int j = 0; j < r.n_used; j++) want.emplace_back(want_e[j], want_w[j]);
+            std::sort(want.begin(), want.end());
+            for (int j = 0; j < r.n_used; j++) {
+                CHECK(experts[t * r.n_used + j] == want[j].first);
+                CHECK(weights[t * r.n_used + j] == want[j].second);
             }
+        }
+    }
+}
+
+TEST_CASE("cuda kernels: MoE grouping, expert-grouped products (matvec / dp4a / tiles) and the weighted sum vs per-token experts") {
+    const int n_expert = 6, n_used = 2, k = 256, rows = 40;
+    for (int n_tokens : {1, 5, 45}) {  // decode, a few slots (the matvec paths), prefill (tiles: one expert gets 45 > 32 rows)
+        CAPTURE(n_tokens);
+        std::vector<int> experts;
+        std::vector<float> weights;
+        for (int t = 0; t < n_tokens; t++) {  // every token: expert 0 (45 rows: two tiles) and one of the others (some idle)
+            experts.push_back(0), experts.push_back(1 + t % (n_expert - 1));
+            weights.push_back(0.25f + 0.01f * t), weights.push_back(0.75f - 0.01f * t);
+        }
+        std::vector<int> first(n_expert + 1, -1), row_token(n_tokens * n_used, -1), slot(n_tokens * n_used, -1);
+        simt::launch(dim3(1), dim3(64), moe_group, (const int*)experts.data(), n_tokens, n_used, n_expert, first.data(), row_token.data(), slot.data());
+        // Expert e's rows hold its tokens in ascending order; every (token, expert) pair has one row.
+        CHECK(first[0] == 0);
+        CHECK(first[n_expert] == n_tokens * n_used);
+        for (int e = 0; e < n_expert; e++) {
+            std::vector<int> tokens;
+            for (int i = 0; i < n_tokens * n_used; i++)
+                if (experts[i] == e) tokens.push_back(i / n_used);
+            REQUIRE(first[e + 1] - first[e] == int(tokens.size()));
+            for (size_t u = 0; u < tokens.size(); u++) CHECK(row_token[first[e] + u] == tokens[u]);
+        }
+        for (int i = 0; i < n_tokens * n_used; i++) CHECK(row_token[slot[i]] == i / n_used);
+        const std::vector<float> x = random_floats(size_t(n_tokens) * k, 111);
+        std::vector<float> gathered(size_t(n_tokens) * n_used * k);
+        simt::launch(dim3(n_tokens * n_used), dim3(64), gather_rows, x.data(), (const int*)row_token.data(), gathered.data(), k);
+        // The gathered rows as the products take them: f32, or quantized on the device.
+        std::vector<BlockQ8_1> act_q8_1(gathered.size() / 32);
+        std::vector<BlockQ8_K> act_q8_K(gathered.size() / 256);
+        simt::launch(dim3(unsigned(act_q8_1.size() + 7) / 8), dim3(256), quantize_q8_1, (const float*)gathered.data(), act_q8_1.data(), int(gathered.size()));
+        simt::launch(dim3(unsigned(act_q8_K.size() + 7) / 8), dim3(256), quantize_q8_K, (const float*)gathered.data(), act_q8_K.data(), int(gathered.size()));
+        for (llm::Type type : {llm::Type::F16, llm::Type::Q8_0, llm::Type::Q4_K}) {
+            CAPTURE(std::string(llm::type_info(type).name));
+            const std::vector<uint8_t> W = random_weights(type, rows * n_expert, k, 112);
+            const size_t row_bytes = llm::row_bytes(type, k), expert_bytes = row_bytes * rows;
+            const dim3 per_row((rows + kMatvecRowsPerBlock - 1) / kMatvecRowsPerBlock, n_tokens, n_expert), tiles((rows + kTile - 1) / kTile, (n_tokens + kTile - 1) / kTile, n_expert);
+            const bool matvec = n_tokens <= 8;
+            const dim3 grid = matvec ? per_row : tiles, block(matvec ? kMatvecThreads : kMatmulThreads);
+            std::vector<float> y(size_t(n_tokens) * n_used * rows, NAN);
+            const int* f = first.data();
+            if (type == llm::Type::F16)
+                simt::launch(grid, block, matvec ? matvec_id_f16 : matmul_id_f16, W.data(), expert_bytes, row_bytes, (const float*)gathered.data(), y.data(), k, rows, f);
+            else if (type == llm::Type::Q8_0)
+                simt::launch(grid, block, matvec ? matvec_q8_1_id_q8_0 : matmul_q8_1_id_q8_0, W.data(), expert_bytes, row_bytes, (const BlockQ8_1*)act_q8_1.data(), y.data(), k,
+                             rows, f);
+            else
+                simt::launch(grid, block, matvec ? matvec_q8_K_id_q4_K : matmul_q8_K_id_q4_K, W.data(), expert_bytes, row_bytes, (const BlockQ8_K*)act_q8_K.data(), y.data(), k,
+                             rows, f);
+            std::vector<float> out(size_t(n_tokens) * rows, NAN);
+            simt::launch(dim3(n_tokens), dim3(32), moe_combine, (const float*)y.data(), (const int*)slot.data(), (const float*)weights.data(), out.data(), rows,
+                         n_used);
+            const std::vector<uint8_t> cpu_act = cpu_activations(type, act_q8_1, act_q8_K);
+            const std::vector<float> xa = as_activations(llm::Type::F16, x);  // what the f16 products see
+            const size_t act_row = llm::row_bytes(llm::vec_dot_type(type), k);
+            for (int t = 0; t < n_tokens; t++)
+                for (int r = 0; r < rows; r++) {
+                    double want = 0, magnitude = 0;
+                    for (int j = 0; j < n_used; j++) {
+                        const int e = experts[t * n_used + j], row = e * rows + r;
+                        const std::vector<float> w = cpu_row(type, W, k, row);
+                        // f16: the exact product; quantized: the CPU's vec_dot on the gathered row's activation blocks
+                        double dot = 0;
+                        for (int i = 0; i < k; i++) {
+                            dot += double(w[i]) * xa[size_t(t) * k + i];
+                            magnitude += std::fabs(weights[t * n_used + j] * double(w[i]) * x[size_t(t) * k + i]);
+                        }
+                        if (type != llm::Type::F16) dot = llm::vec_dot(type, k, &W[row * row_bytes], &cpu_act[slot[t * n_used + j] * act_row]);
+                        want += weights[t * n_used + j] * dot;
+                    }
+                    check_dot(out[size_t(t) * rows + r], want, magnitude, 1e-5);
+                }
+        }
     }
 }
