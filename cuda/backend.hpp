@@ -11,6 +11,8 @@
 
 #include <cmath>
 #include <cstring>
+#include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -22,11 +24,14 @@ struct Grid {
 
 // What the backend needs of a device: memory, copies, launches of the kernels by their extern "C" name
 // (args: pointers to each argument, as cuLaunchKernel takes them). Errors throw llm::Error naming the
-// operation (and kernel).
+// operation (and kernel); alloc throws llm::DeviceMemoryError when the device is out of memory.
 class Device {
 public:
     virtual ~Device() = default;
-    virtual std::string name() const = 0;
+    virtual std::string name() const = 0;         // "CUDA0"
+    virtual std::string description() const = 0;  // "NVIDIA H200"
+    virtual size_t total_bytes() const = 0;
+    virtual size_t free_bytes() const = 0;
     virtual void* alloc(size_t bytes) = 0;
     virtual void release(void* p) = 0;
     virtual void upload(void* dst, const void* src, size_t bytes) = 0;
@@ -92,14 +97,14 @@ struct DeviceLayer {
     Buffer k_cache, v_cache;  // n_cells x (n_head_kv * head_dim) f16
 };
 
+// One slice of the placement (a range of layers, and maybe the output) on one device.
 class Forward : public llm::OffloadBackend {
 public:
-    Forward(Device& dev, const llm::Model& model, const llm::ContextParams& cp, int n_cells)
-        : dev_(dev), model_(model), hp_(model.hp), n_cells_(n_cells) {
+    Forward(Device& dev, const llm::Model& model, const llm::ContextParams& cp, int n_cells, const llm::Placement::Slice& slice)
+        : dev_(dev), model_(model), hp_(model.hp), n_cells_(n_cells), first_layer_(slice.first_layer), has_output_(slice.output) {
         check_supported(cp);
-        const llm::Placement& pl = model.placement;
-        for (int il = std::min(hp_.n_layer, pl.first_device_layer); il < hp_.n_layer; il++) layers_.push_back(upload_layer(il));
-        if (pl.output_on_device) {
+        for (int il = slice.first_layer; il < slice.end_layer; il++) layers_.push_back(upload_layer(il));
+        if (has_output_) {
             output_norm_ = upload(model.output_norm);
             output_ = upload(model.output);
         }
@@ -111,14 +116,14 @@ public:
     void forward(const llm::OffloadBatch& b, float* x, int n_logits, const int32_t* logit_rows, float* logits) override {
         const int n = (int)b.batch->size();
         const int64_t E = hp_.n_embd;
-        reserve(n, std::max(1, n_logits), b);
+        reserve(n, has_output_ ? std::max(1, n_logits) : 0, b);
         dev_.upload(x_.get(), x, sizeof(float) * n * E);
         dev_.upload(pos_.get(), b.batch->pos.data(), sizeof(int32_t) * n);
         dev_.upload(seq_.get(), b.batch->seq.data(), sizeof(int32_t) * n);
         dev_.upload(cells_.get(), b.cells, sizeof(int32_t) * n);
         dev_.upload(pages_.get(), b.page_cells, sizeof(int32_t) * page_table_ints(b));
-        for (size_t i = 0; i < layers_.size(); i++) run_layer(layers_[i], model_.placement.first_device_layer + (int)i, b, n);
-        if (!model_.placement.output_on_device) {
+        for (size_t i = 0; i < layers_.size(); i++) run_layer(layers_[i], first_layer_ + (int)i, b, n);
+        if (!has_output_) {
             dev_.download(x, x_.get(), sizeof(float) * n * E);
             return;
         }
@@ -151,6 +156,8 @@ private:
     const llm::Model& model_;
     const llm::HParams& hp_;
     int n_cells_;
+    int first_layer_;
+    bool has_output_;
     std::vector<DeviceLayer> layers_;
     DeviceTensor output_norm_, output_, rope_freqs_;
     // Activations and per-batch tables, grown to the largest batch seen.
@@ -201,25 +208,44 @@ private:
         return L;
     }
 
-    // Grows the activation buffers to n tokens (and the tables to this batch's page table).
+public:
+    // Bytes of the activation buffers a batch of n_tokens needs (all of them logits rows on the output's
+    // slice): what the load log and --plan report.
+    static size_t compute_bytes(const llm::HParams& hp, const llm::Placement::Slice& slice, int n_tokens) {
+        size_t total = 0;
+        activation_buffers(hp, n_tokens, slice.output ? n_tokens : 0, 1, [&](Buffer Forward::*, size_t bytes) { total += bytes; });
+        return total;
+    }
+
+private:
+    // Every activation buffer and table with its bytes for n tokens, n_logits logits rows and a page table
+    // of `pages` ints: reserve() allocates them, compute_bytes() adds them up.
+    template <class Visit> static void activation_buffers(const llm::HParams& hp, size_t N, size_t n_logits, size_t pages, Visit visit) {
+        const size_t E = hp.n_embd, F = hp.n_ff, Q = size_t(hp.n_head) * hp.head_dim_k, KV = size_t(hp.n_head_kv) * hp.head_dim_k;
+        const size_t widest = std::max({E, F, Q}), f = sizeof(float);
+        visit(&Forward::x_, N * E * f), visit(&Forward::cur_, N * std::max(E, Q) * f), visit(&Forward::tmp_, N * E * f);
+        visit(&Forward::q_, N * Q * f), visit(&Forward::k_, N * KV * f), visit(&Forward::v_, N * KV * f), visit(&Forward::attn_, N * Q * f);
+        visit(&Forward::gate_, N * F * f), visit(&Forward::up_, N * F * f);
+        visit(&Forward::act_q8_, N * (widest / 32) * 36);
+        visit(&Forward::rope_cs_, N * hp.n_rot * f);
+        visit(&Forward::logits_, n_logits * hp.n_vocab * f);
+        visit(&Forward::pos_, N * 4), visit(&Forward::seq_, N * 4), visit(&Forward::cells_, N * 4);
+        visit(&Forward::pages_, std::max<size_t>(1, pages) * 4);
+        visit(&Forward::logit_rows_, n_logits * 4);
+    }
+
+    // Grows the activation buffers to n tokens (and the tables to this batch's page table). When the
+    // device runs out of memory the buffers are all released (the next batch starts over) and the
+    // error goes to the caller: that batch fails, the context stays usable.
     void reserve(int n, int n_logits, const llm::OffloadBatch& b) {
         const size_t pages = page_table_ints(b);
         if (n <= capacity_ && n_logits <= logit_capacity_ && pages <= page_capacity_) return;
-        capacity_ = std::max(n, capacity_);
-        logit_capacity_ = std::max(n_logits, logit_capacity_);
-        page_capacity_ = std::max(pages, page_capacity_);
-        const size_t N = capacity_, E = hp_.n_embd, F = hp_.n_ff, Q = size_t(hp_.n_head) * hp_.head_dim_k;
-        const size_t widest = std::max({E, F, Q});
-        auto floats = [&](size_t count) { return Buffer(dev_, count * sizeof(float)); };
-        x_ = floats(N * E), cur_ = floats(N * std::max(E, Q)), tmp_ = floats(N * E);
-        q_ = floats(N * Q), k_ = floats(N * kv_row()), v_ = floats(N * kv_row()), attn_ = floats(N * Q);
-        gate_ = floats(N * F), up_ = floats(N * F);
-        act_q8_ = Buffer(dev_, N * (widest / 32) * 36);
-        rope_cs_ = floats(N * hp_.n_rot);
-        logits_ = floats(size_t(logit_capacity_) * hp_.n_vocab);
-        pos_ = Buffer(dev_, N * 4), seq_ = Buffer(dev_, N * 4), cells_ = Buffer(dev_, N * 4);
-        pages_ = Buffer(dev_, std::max<size_t>(1, page_capacity_) * 4);
-        logit_rows_ = Buffer(dev_, size_t(logit_capacity_) * 4);
+        const int tokens = std::max(n, capacity_), logit_rows = std::max(n_logits, logit_capacity_);
+        const size_t page_ints = std::max(pages, page_capacity_);
+        capacity_ = logit_capacity_ = 0, page_capacity_ = 0;
+        activation_buffers(hp_, 0, 0, 0, [&](Buffer Forward::*buffer, size_t) { this->*buffer = Buffer(); });
+        activation_buffers(hp_, tokens, logit_rows, page_ints, [&](Buffer Forward::*buffer, size_t bytes) { this->*buffer = Buffer(dev_, bytes); });
+        capacity_ = tokens, logit_capacity_ = logit_rows, page_capacity_ = page_ints;
     }
 
     // y (n x rows) = x (n x k) W^T. Up to kMaxMatvecTokens tokens (decode, a few slots): dp4a products
@@ -305,5 +331,60 @@ private:
         }
     }
 };
+
+// Several slices on their devices, one after the other: the activations go device to device through
+// the host, once per boundary; the cache rows are each slice's, in layer order.
+class SplitForward : public llm::OffloadBackend {
+public:
+    explicit SplitForward(std::vector<std::unique_ptr<Forward>> parts) : parts_(std::move(parts)) {}
+    size_t bytes_per_cell() const override {
+        size_t bytes = 0;
+        for (const auto& p : parts_) bytes += p->bytes_per_cell();
+        return bytes;
+    }
+    void forward(const llm::OffloadBatch& b, float* x, int n_logits, const int32_t* logit_rows, float* logits) override {
+        for (size_t i = 0; i + 1 < parts_.size(); i++) parts_[i]->forward(b, x, 0, nullptr, nullptr);
+        parts_.back()->forward(b, x, n_logits, logit_rows, logits);
+    }
+    std::vector<uint8_t> read_cells(const std::vector<int32_t>& cells) override {
+        std::vector<uint8_t> out;
+        for (const auto& p : parts_) {
+            const std::vector<uint8_t> part = p->read_cells(cells);
+            out.insert(out.end(), part.begin(), part.end());
+        }
+        return out;
+    }
+    void write_cells(const std::vector<int32_t>& cells, const uint8_t* bytes) override {
+        for (const auto& p : parts_) {
+            p->write_cells(cells, bytes);
+            bytes += p->bytes_per_cell() * cells.size();
+        }
+    }
+
+private:
+    std::vector<std::unique_ptr<Forward>> parts_;
+};
+
+// The driver of a device family: `devices` (created on first use, after a successful probe) are the
+// driver's list, in order; a context gets one Forward per slice of its model's placement.
+inline llm::OffloadDriver make_driver(const std::string& name, std::function<bool(std::string&)> probe, std::function<std::vector<Device*>()> devices) {
+    llm::OffloadDriver d;
+    d.name = name;
+    d.probe = std::move(probe);
+    d.list = [devices] {
+        std::vector<llm::OffloadDevice> out;
+        for (Device* dev : devices()) out.push_back({dev->name(), dev->description(), dev->total_bytes(), dev->free_bytes()});
+        return out;
+    };
+    d.compute_bytes = Forward::compute_bytes;
+    d.create = [devices](const llm::Model& m, const llm::ContextParams& cp, int n_cells) -> std::unique_ptr<llm::OffloadBackend> {
+        const std::vector<Device*> found = devices();
+        std::vector<std::unique_ptr<Forward>> parts;
+        for (const llm::Placement::Slice& s : m.placement.slices) parts.push_back(std::make_unique<Forward>(*found.at(s.device), m, cp, n_cells, s));
+        if (parts.size() == 1) return std::move(parts[0]);
+        return std::make_unique<SplitForward>(std::move(parts));
+    };
+    return d;
+}
 
 } // namespace llm_gpu

@@ -530,9 +530,11 @@ bool Scheduler::step(llm::Batch& batch) {
         ctx_.decode(batch);
     } catch (const llm::Error& e) {
         log_msg('E', "decode failed: %s", e.what());
+        // Out of device memory: the server stays healthy, the requests may be tried again (503).
+        const int status = dynamic_cast<const llm::DeviceMemoryError*>(&e) ? 503 : 500;
         for (Part& pt : parts) {
             pt.s->cache.resize(ctx_.seq_len(pt.s->id));
-            fail_slot(*pt.s, 500, std::string("decode failed: ") + e.what());
+            fail_slot(*pt.s, status, std::string("decode failed: ") + e.what());
         }
         return true;
     }
