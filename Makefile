@@ -4,9 +4,11 @@
 #   make test         also builds tests/run, tests/consumer and tests/consumer_portable (no SIMD),
 #                     then runs them from the repo root
 #                     (doctest options through TEST_ARGS, e.g. make test TEST_ARGS='-tc=*gguf*')
-#   make cuda         llm-server-cuda: the server with the CUDA backend (nvcc builds the kernels' fatbin,
-#                     zig's C++ driver builds and links the host code against glibc 2.17; libcuda.so.1 is
-#                     loaded at run time, so the binary runs without a GPU too, on the CPU)
+#   make cuda         llm-server-cuda: the server with the CUDA backend (nvcc builds the kernels' cubins for
+#                     CUDA_ARCHS and PTX, CUDA 12.9's NVRTC the sm_70 one, fatbinary bundles them; zig's C++
+#                     driver builds and links the host code against glibc 2.17; libcuda.so.1 is loaded at
+#                     run time, so the binary runs without a GPU too, on the CPU). For one GPU:
+#                     make cuda CUDA_ARCHS=90 CUDA_NVRTC_ARCHS= (a V100: CUDA_ARCHS= CUDA_NVRTC_ARCHS=70)
 #   make llm-server-emu  the same server with the kernels on the SIMT emulator (tests/simt.hpp)
 #   make fuzz         libFuzzer targets fuzz/fuzz_*.cpp -> build/fuzz/ (clang); run them with scripts/fuzz
 #   make clean
@@ -40,19 +42,36 @@ CONS_OBJS  := $(B)/tests/consumer_a.o $(B)/tests/consumer_b.o
 FUZZ_BINS  := $(patsubst fuzz/%.cpp,$(B)/fuzz/%,$(wildcard fuzz/fuzz_*.cpp))
 
 # ---- GPU builds ---------------------------------------------------------------------------------
-# Device code for every target GPU generation and PTX for the newest (later GPUs JIT it).
+# Device code for every target GPU generation and PTX for the newest (later GPUs JIT it). CUDA 13's nvcc
+# builds sm_75 and up; sm_70 (V100) comes from CUDA 12.9's NVRTC (PyPI, scripts/nvrtc-cubin) compiling
+# the same source. Each architecture is its own cubin (built in parallel); fatbinary bundles them.
 NVCC       ?= nvcc
+FATBINARY  ?= $(dir $(shell command -v $(NVCC) 2>/dev/null))fatbinary
 CUDA_ARCHS ?= 75 80 86 89 90
-NVCCFLAGS  ?= -O3 -std=c++17 $(foreach a,$(CUDA_ARCHS),-gencode arch=compute_$(a),code=sm_$(a)) \
-              -gencode arch=compute_$(lastword $(CUDA_ARCHS)),code=compute_$(lastword $(CUDA_ARCHS))
+CUDA_NVRTC_ARCHS ?= 70
+NVCCFLAGS  ?= -O3 -std=c++17
 ZIGCXX     ?= python3 -m ziglang c++ -target x86_64-linux-gnu.2.17 -Wno-unknown-warning-option
 CUDA_KERNEL_SRCS := $(wildcard cuda/*.cuh cuda/*.h) cuda/kernels.cu
+CUDA_IMAGES := $(CUDA_ARCHS:%=$(B)/cuda/sm_%.cubin) $(CUDA_NVRTC_ARCHS:%=$(B)/cuda/nvrtc_sm_%.cubin) \
+               $(if $(CUDA_ARCHS),$(B)/cuda/compute_$(lastword $(CUDA_ARCHS)).ptx)
 CUDA_OBJS  := $(patsubst %.cpp,$(B)/zig/%.o,$(wildcard server/*.cpp)) $(B)/zig/cuda/device_cuda.o
 EMU_OBJS   := $(patsubst %.cpp,$(B)/emu/%.o,$(wildcard server/*.cpp)) $(B)/emu/cuda/device_emu.o
 
-$(B)/cuda/kernels.fatbin: $(CUDA_KERNEL_SRCS)
+$(B)/cuda/sm_%.cubin: $(CUDA_KERNEL_SRCS)
 	@mkdir -p $(@D)
-	$(NVCC) $(NVCCFLAGS) -fatbin -o $@ cuda/kernels.cu
+	$(NVCC) $(NVCCFLAGS) -arch=sm_$* -cubin -o $@ cuda/kernels.cu
+$(B)/cuda/compute_%.ptx: $(CUDA_KERNEL_SRCS)
+	@mkdir -p $(@D)
+	$(NVCC) $(NVCCFLAGS) -arch=compute_$* -ptx -o $@ cuda/kernels.cu
+$(B)/cuda/nvrtc_sm_%.cubin: $(CUDA_KERNEL_SRCS) scripts/nvrtc-cubin
+	@mkdir -p $(@D)
+	python3 scripts/nvrtc-cubin cuda/kernels.cu $@ sm_$* -w
+# The arch list is part of the fatbin's recipe: changing CUDA_ARCHS rebuilds it.
+$(B)/cuda/kernels.fatbin: $(CUDA_IMAGES) $(B)/cuda/archs.$(subst $(eval) ,_,$(strip $(CUDA_ARCHS) n $(CUDA_NVRTC_ARCHS)))
+	$(FATBINARY) --64 --create=$@ $(foreach f,$(CUDA_IMAGES),--image3=$(if $(filter %.ptx,$f),kind=ptx,kind=elf),sm=$(lastword $(subst _, ,$(basename $(notdir $f)))),file=$f)
+$(B)/cuda/archs.%:
+	@mkdir -p $(@D)
+	@rm -f $(B)/cuda/archs.* && touch $@
 
 # zig compiles against its own glibc 2.17 headers; of the system's headers it sees only nlohmann/json.
 $(B)/zig/include/nlohmann:

@@ -73,6 +73,11 @@ namespace llm {
 struct Error : std::runtime_error {
     using std::runtime_error::runtime_error;
 };
+// An offload device ran out of memory: the request that needed it fails (llama-server answers 503), the
+// context and the device stay usable.
+struct DeviceMemoryError : Error {
+    using Error::Error;
+};
 
 // Tensor element types, numbered as in GGUF (ggml_type).
 enum class Type : uint32_t {
@@ -635,13 +640,39 @@ struct Placement {
     int first_device_layer = 1 << 30;  // layers [first_device_layer, n_layer) run on the device
     bool output_on_device = false;
     int n_layer = 0;
+    // Over several devices (-ts), llama.cpp's layer split: each device runs a consecutive range of the
+    // device layers, the output runs on the last one. One slice per device that runs anything.
+    struct Slice {
+        int device = 0;                  // index in the driver's device list (OffloadDriver::list)
+        int first_layer = 0, end_layer = 0;
+        bool output = false;
+        std::string describe() const {  // "layers 0-2", "layers 3-3 and the output", "the output"
+            const std::string layers = "layers " + std::to_string(first_layer) + "-" + std::to_string(end_layer - 1);
+            return end_layer > first_layer ? layers + (output ? " and the output" : "") : "the output";
+        }
+    };
+    std::vector<Slice> slices;
+    std::vector<float> split;            // per device used: the cumulative share (last 1), to re-place with
+    std::vector<int> devices;            // another -ngl (the largest that fits)
     bool any() const { return first_device_layer < n_layer || output_on_device; }
     bool on_device(int il) const { return il >= first_device_layer; }
 };
-Placement offload_placement(int n_layer, int n_gpu_layers);  // n_gpu_layers < 0: all
+Placement offload_placement(int n_layer, int n_gpu_layers);  // n_gpu_layers < 0: all; device 0 only
+// Over `devices` (driver indices) in proportion to `shares` (one per device; all 0: equal), as llama.cpp's
+// -ts: the device layers and the output (as layer n_layer) each go to the device whose cumulative share
+// first exceeds their fraction of the offloaded layers.
+Placement offload_placement(int n_layer, int n_gpu_layers, const std::vector<int>& devices, const std::vector<float>& shares);
+struct ModelOptions;
+struct OffloadDevice;
+// The placement -ngl, -ts, -sm, -mg and --device (in opt) give over the devices a driver found.
+Placement place_on_devices(int n_layer, const ModelOptions& opt, const std::vector<OffloadDevice>& found);
 
 struct ModelOptions {
     int n_gpu_layers = 0;        // -ngl: layers to offload (< 0: all); needs an offload driver (below)
+    std::vector<float> tensor_split;   // -ts: each device's share of the offloaded layers (empty: by free memory)
+    int main_gpu = 0;                  // -mg: the device used with split_layers off
+    bool split_layers = true;          // -sm layer (off: -sm none, everything on main_gpu)
+    std::vector<std::string> devices;  // --device: the devices' names to use (empty: all; {"none"}: none, never probed)
     bool use_mmap = true;
     bool mlock = false;
     bool vocab_only = false;     // tokenizer only: no architecture or tensors required
@@ -693,6 +724,7 @@ struct ContextParams {
                              // sleep (llama.cpp's --poll; 0 sleeps at once, spares a shared host's quota)
     Type type_k = Type::F16, type_v = Type::F16;
     bool kv_unified = false;  // one pool for all sequences instead of n_ctx / n_seq each
+    int n_batch = 512;        // the largest batch given to decode (what an offload device's buffers are planned for)
     bool moe_grouped = true;  // MoE prefill runs each expert once over all its tokens (false: token by token)
     bool embeddings = false;  // decode keeps embeddings (per output entry and pooled per sequence), no logits
     Pooling pooling = Pooling::Unspecified;  // embeddings' pooling; Unspecified: the model's own
@@ -806,13 +838,31 @@ public:
     virtual size_t bytes_per_cell() const = 0;
 };
 
+// One device of a driver, as llama.cpp lists them ("CUDA0: NVIDIA H200 (143167 MiB, 142500 MiB free)").
+struct OffloadDevice {
+    std::string name, description;
+    size_t total_bytes = 0, free_bytes = 0;
+};
 // A device family: probed once when a model asks for -ngl (no device: one line on stderr, CPU only).
 struct OffloadDriver {
     std::string name;                                // "CUDA", "SIMT emulator"
     std::function<bool(std::string& why_not)> probe;  // true when a device is usable
+    std::function<std::vector<OffloadDevice>()> list;  // after a successful probe: the usable devices
+    // Bytes of the activation buffers a device slice allocates for a batch of n_tokens.
+    std::function<size_t(const HParams&, const Placement::Slice&, int n_tokens)> compute_bytes;
+    // Runs model.placement's slices (each on its device) for a context of n_cells cache cells.
     std::function<std::unique_ptr<OffloadBackend>(const Model&, const ContextParams&, int n_cells)> create;
 };
 void set_offload_driver(const OffloadDriver& driver);  // replaces the previous one
+const OffloadDriver& offload_driver();
+// What each slice of a placement holds in device memory: its layers' weights (and the output's), their
+// KV cache for n_cells cells, and the activations of a batch of n_tokens (0 when the driver has none).
+struct DeviceMemory {
+    int device = 0;
+    size_t weights = 0, kv = 0, compute = 0;
+    size_t total() const { return weights + kv + compute; }
+};
+std::vector<DeviceMemory> offload_memory(const Model& model, const Placement& placement, int n_cells, Type type_k, Type type_v, int n_tokens);
 
 // ---- Sampling ------------------------------------------------------------------------------
 // The stages of the sampling chain, named as llama.cpp's common_sampler_type. The chain always starts
@@ -13064,32 +13114,168 @@ static void check_f32_tensors(const Model& m) {
     for (const TensorInfo* t : {m.output_norm, m.rope_freqs, m.tok_norm, m.tok_norm_b, m.cls_b, m.cls_out_b}) need_f32(t);
 }
 
-static OffloadDriver& offload_driver() {
+static OffloadDriver& driver_slot() {
     static OffloadDriver driver;
     return driver;
 }
-void set_offload_driver(const OffloadDriver& driver) { offload_driver() = driver; }
+void set_offload_driver(const OffloadDriver& driver) { driver_slot() = driver; }
+const OffloadDriver& offload_driver() { return driver_slot(); }
 
-Placement offload_placement(int n_layer, int n_gpu_layers) {
+Placement offload_placement(int n_layer, int n_gpu_layers) { return offload_placement(n_layer, n_gpu_layers, {0}, {}); }
+
+Placement offload_placement(int n_layer, int n_gpu_layers, const std::vector<int>& devices, const std::vector<float>& shares) {
     Placement p;
     p.n_layer = n_layer;
     const bool all = n_gpu_layers < 0 || n_gpu_layers > n_layer;
     p.first_device_layer = all ? 0 : n_layer - n_gpu_layers;
     p.output_on_device = all;
+    if (devices.empty() || (!shares.empty() && shares.size() != devices.size())) fail("placement: one share per device");
+    double total = 0;
+    for (float s : shares) total += std::max(0.0f, s);
+    double sum = 0;
+    for (size_t i = 0; i < devices.size(); i++) {
+        sum += total > 0 ? std::max(0.0f, shares[i]) : 1.0;
+        p.split.push_back(float(sum / (total > 0 ? total : (double)devices.size())));
+    }
+    p.split.back() = 1.0f;
+    p.devices = devices;
+    // As llama.cpp: layer il (the output as il = n_layer) goes to the first device whose cumulative
+    // share exceeds (il - first) / (layers offloaded, the output counted).
+    const int n_offloaded = all ? n_layer + 1 : n_gpu_layers;
+    for (int il = p.first_device_layer; il < n_layer + (all ? 1 : 0); il++) {
+        const float at = float(il - p.first_device_layer) / (float)n_offloaded;
+        const size_t d = std::min<size_t>(devices.size() - 1, std::upper_bound(p.split.begin(), p.split.end(), at) - p.split.begin());
+        if (p.slices.empty() || p.slices.back().device != devices[d]) p.slices.push_back({devices[d], il, il, false});
+        if (il < n_layer) p.slices.back().end_layer = il + 1;
+        else p.slices.back().output = true;
+    }
     return p;
 }
 
-// The placement a model gets: -ngl's, when the driver finds a device; otherwise everything on the
-// CPU, said once on stderr when layers were asked for.
-static Placement place_layers(int n_layer, int n_gpu_layers) {
-    if (n_gpu_layers == 0) return offload_placement(n_layer, 0);
+// The devices -ngl may use: --device's names (all when none are given), only -mg's with -sm none,
+// and their shares: -ts, else their free memory (as llama.cpp).
+Placement place_on_devices(int n_layer, const ModelOptions& opt, const std::vector<OffloadDevice>& found) {
+    std::vector<int> devices;
+    for (const std::string& name : opt.devices) {
+        int at = -1;
+        for (size_t i = 0; i < found.size(); i++)
+            if (found[i].name == name) at = (int)i;
+        if (at < 0) fail("invalid device: %s (--list-devices shows the available ones)", name.c_str());
+        devices.push_back(at);
+    }
+    if (opt.devices.empty())
+        for (size_t i = 0; i < found.size(); i++) devices.push_back((int)i);
+    if (!opt.split_layers) {
+        if (opt.main_gpu < 0 || opt.main_gpu >= (int)devices.size())
+            fail("main GPU %d: there are %zu devices", opt.main_gpu, devices.size());
+        devices = {devices[opt.main_gpu]};
+    }
+    if (opt.tensor_split.size() > devices.size())
+        fail("tensor split: %zu values for %zu devices", opt.tensor_split.size(), devices.size());
+    std::vector<float> shares(devices.size(), 0.0f);
+    for (size_t i = 0; i < opt.tensor_split.size() && opt.split_layers; i++) shares[i] = opt.tensor_split[i];
+    if (std::all_of(shares.begin(), shares.end(), [](float s) { return s <= 0; }))
+        for (size_t i = 0; i < devices.size(); i++) shares[i] = (float)(found[devices[i]].free_bytes >> 20);
+    return offload_placement(n_layer, opt.n_gpu_layers, devices, shares);
+}
+
+// The placement a model gets: -ngl's over the devices the driver finds; otherwise everything on the
+// CPU, said once on stderr when layers were asked for. --device none never asks the driver.
+static Placement place_layers(int n_layer, const ModelOptions& opt) {
+    const bool none = opt.devices.size() == 1 && opt.devices[0] == "none";
+    if (opt.n_gpu_layers == 0 || none) return offload_placement(n_layer, 0);
     const OffloadDriver& d = offload_driver();
     std::string why = "this build has no GPU backend";
     static bool told = false;
-    if (d.probe && d.probe(why)) return offload_placement(n_layer, n_gpu_layers);
+    if (d.probe && d.probe(why)) return place_on_devices(n_layer, opt, d.list());
     if (!told) fprintf(stderr, "llm: %s%s%s: running on the CPU\n", d.name.c_str(), d.name.empty() ? "" : ": ", why.c_str());
     told = true;
     return offload_placement(n_layer, 0);
+}
+
+// Bytes of the file's tensors named PREFIX... (a layer's "blk.7.") or exactly NAME.
+static size_t tensor_bytes(const GGUF& g, const std::string& name, bool prefix) {
+    size_t bytes = 0;
+    for (const TensorInfo& t : g.tensors)
+        if (prefix ? t.name.compare(0, name.size(), name) == 0 : t.name == name) bytes += t.nbytes;
+    return bytes;
+}
+
+std::vector<DeviceMemory> offload_memory(const Model& model, const Placement& placement, int n_cells, Type type_k, Type type_v, int n_tokens) {
+    const HParams& hp = model.hp;
+    const size_t kv_per_layer = kv_bytes_per_token(hp, type_k, type_v) / std::max(1, hp.n_layer);
+    const OffloadDriver& d = offload_driver();
+    std::vector<DeviceMemory> out;
+    for (const Placement::Slice& s : placement.slices) {
+        DeviceMemory m;
+        m.device = s.device;
+        for (int il = s.first_layer; il < s.end_layer; il++) m.weights += tensor_bytes(*model.gguf, "blk." + std::to_string(il) + ".", true);
+        m.weights += tensor_bytes(*model.gguf, "rope_freqs.weight", false);
+        if (s.output) {
+            const size_t out_bytes = tensor_bytes(*model.gguf, "output.weight", false);
+            m.weights += tensor_bytes(*model.gguf, "output_norm.weight", false) + (out_bytes ? out_bytes : tensor_bytes(*model.gguf, "token_embd.weight", false));
+        }
+        m.kv = kv_per_layer * (size_t)n_cells * (size_t)(s.end_layer - s.first_layer);
+        m.compute = d.compute_bytes ? d.compute_bytes(hp, s, n_tokens) : 0;
+        out.push_back(m);
+    }
+    return out;
+}
+
+// Layers a placement offloads, the output counted (as llama.cpp's "offloaded N/M layers").
+static int offloaded_layers(const Placement& p) { return p.n_layer - std::min(p.n_layer, p.first_device_layer) + (p.output_on_device ? 1 : 0); }
+
+static double mib(size_t bytes) { return (double)bytes / (1 << 20); }
+
+// The slices that do not fit their device's free memory, as one line each (empty: everything fits).
+static std::string devices_short_of_memory(const std::vector<DeviceMemory>& need, const std::vector<OffloadDevice>& found) {
+    std::string out;
+    for (const DeviceMemory& m : need) {
+        const OffloadDevice& dev = found.at(m.device);
+        if (m.total() <= dev.free_bytes) continue;
+        char line[320];
+        snprintf(line, sizeof line, "%s%s (%s) needs %.0f MiB (weights %.0f, KV cache %.0f, compute %.0f) but has %.0f MiB free",
+                 out.empty() ? "" : "; ", dev.name.c_str(), dev.description.c_str(), mib(m.total()), mib(m.weights), mib(m.kv), mib(m.compute), mib(dev.free_bytes));
+        out += line;
+    }
+    return out;
+}
+
+// Before a context uploads anything: the device layers, their cache and a decode step's activations
+// must fit every device's free memory; otherwise an error names what is needed and the largest -ngl
+// that fits. Then the load log, per device as llama.cpp's.
+static void check_and_log_device_memory(const Model& model, const ContextParams& p, int n_cells) {
+    const Placement& pl = model.placement;
+    const OffloadDriver& d = offload_driver();
+    const std::vector<OffloadDevice> found = d.list();
+    const std::string short_of = devices_short_of_memory(offload_memory(model, pl, n_cells, p.type_k, p.type_v, p.n_seq), found);
+    if (!short_of.empty()) {
+        std::vector<float> shares(pl.split.size());
+        for (size_t i = 0; i < shares.size(); i++) shares[i] = pl.split[i] - (i ? pl.split[i - 1] : 0.0f);
+        int fits = offloaded_layers(pl) - 1;
+        for (; fits > 0; fits--) {
+            const Placement fewer = offload_placement(pl.n_layer, fits, pl.devices, shares);
+            if (devices_short_of_memory(offload_memory(model, fewer, n_cells, p.type_k, p.type_v, p.n_seq), found).empty()) break;
+        }
+        throw Error("not enough device memory for " + std::to_string(offloaded_layers(pl)) + " offloaded layers with " + std::to_string(n_cells) +
+                    " cache cells: " + short_of + "; the largest -ngl that fits is " + std::to_string(fits) +
+                    (fits == 0 ? " (run on the CPU, or give a smaller -c)" : ""));
+    }
+    const int n_repeating = pl.n_layer - std::min(pl.n_layer, pl.first_device_layer);
+    fprintf(stderr, "llm: offloading %d repeating layers to GPU\n", n_repeating);
+    if (pl.output_on_device) fprintf(stderr, "llm: offloading output layer to GPU\n");
+    fprintf(stderr, "llm: offloaded %d/%d layers to GPU\n", offloaded_layers(pl), pl.n_layer + 1);
+    const std::vector<DeviceMemory> batch = offload_memory(model, pl, n_cells, p.type_k, p.type_v, std::max(1, p.n_batch));
+    for (size_t i = 0; i < batch.size(); i++) {
+        const Placement::Slice& s = pl.slices[i];
+        const OffloadDevice& dev = found.at(s.device);
+        fprintf(stderr, "llm: %s (%s): %s: model buffer %.2f MiB, KV buffer %.2f MiB, compute buffer %.2f MiB (batches of %d tokens); %.0f MiB free\n",
+                dev.name.c_str(), dev.description.c_str(), s.describe().c_str(), mib(batch[i].weights),
+                mib(batch[i].kv), mib(batch[i].compute), std::max(1, p.n_batch), mib(dev.free_bytes));
+        if (batch[i].total() > dev.free_bytes)
+            fprintf(stderr, "llm: %s: batches of %d tokens need %.0f MiB more than is free: such requests fail (lower -b / -ub)\n", dev.name.c_str(),
+                    std::max(1, p.n_batch), mib(batch[i].total() - dev.free_bytes));
+    }
 }
 
 // Repacks every matmul weight the interleaved kernels support into one buffer, on all cores, and
@@ -13172,7 +13358,7 @@ std::unique_ptr<Model> Model::load(const std::string& path, const ModelOptions& 
     if (opt.metadata_only) return m;
     bind_tensors(*m);
     check_f32_tensors(*m);
-    m->placement = place_layers(m->hp.n_layer, opt.n_gpu_layers);
+    m->placement = place_layers(m->hp.n_layer, opt);
     std::vector<const uint8_t*> replaced;
     if (opt.interleave && opt.use_mmap) replaced = interleave_weights(*m);
     if (opt.mlock) {
@@ -14133,6 +14319,7 @@ Context::Context(const Model& model, const ContextParams& params, std::shared_pt
     if (model.placement.any()) {
         if (p.embeddings && model.placement.output_on_device)
             fail("embeddings read the last hidden states on the CPU: keep the output layer there (-ngl <= n_layer)");
+        check_and_log_device_memory(model, p, impl_->kv.n_blocks * KVCache::kBlock);
         impl_->device = offload_driver().create(model, p, impl_->kv.n_blocks * KVCache::kBlock);
         if (impl_->device->bytes_per_cell() != (impl_->kv.row_k + impl_->kv.row_v) * (model.hp.n_layer - model.placement.first_device_layer))
             fail("offload backend: its cache rows do not match the CPU's");

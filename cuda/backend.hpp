@@ -13,6 +13,8 @@
 
 #include <cmath>
 #include <cstring>
+#include <functional>
+#include <memory>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -25,11 +27,14 @@ struct Grid {
 
 // What the backend needs of a device: memory, copies, launches of the kernels by their extern "C" name
 // (args: pointers to each argument, as cuLaunchKernel takes them). Errors throw llm::Error naming the
-// operation (and kernel).
+// operation (and kernel); alloc throws llm::DeviceMemoryError when the device is out of memory.
 class Device {
 public:
     virtual ~Device() = default;
-    virtual std::string name() const = 0;
+    virtual std::string name() const = 0;         // "CUDA0"
+    virtual std::string description() const = 0;  // "NVIDIA H200"
+    virtual size_t total_bytes() const = 0;
+    virtual size_t free_bytes() const = 0;
     virtual void* alloc(size_t bytes) = 0;
     virtual void release(void* p) = 0;
     virtual void upload(void* dst, const void* src, size_t bytes) = 0;
@@ -110,15 +115,16 @@ inline const char* kv_kernel_type_name(llm::Type t) {
     return t == llm::Type::F16 || t == llm::Type::Q8_0 || t == llm::Type::Q4_0 || t == llm::Type::IQ4_NL ? llm::type_info(t).name : nullptr;
 }
 
+// One slice of the placement (a range of layers, and maybe the output) on one device.
 class Forward : public llm::OffloadBackend {
 public:
-    Forward(Device& dev, const llm::Model& model, const llm::ContextParams& cp, int n_cells)
-        : dev_(dev), model_(model), hp_(model.hp), n_cells_(n_cells), type_k_(cp.type_k), type_v_(cp.type_v), exact_softmax_(cp.flash_attn == llm::FlashAttn::Off),
-          rot_k_(llm::kv_rotation(cp.type_k, hp_.head_dim_k, true, hp_.mla)), rot_v_(llm::kv_rotation(cp.type_v, hp_.head_dim_v, false, hp_.mla)) {
+    Forward(Device& dev, const llm::Model& model, const llm::ContextParams& cp, int n_cells, const llm::Placement::Slice& slice)
+        : dev_(dev), model_(model), hp_(model.hp), n_cells_(n_cells), first_layer_(slice.first_layer), has_output_(slice.output), type_k_(cp.type_k),
+          type_v_(cp.type_v), exact_softmax_(cp.flash_attn == llm::FlashAttn::Off), rot_k_(llm::kv_rotation(cp.type_k, hp_.head_dim_k, true, hp_.mla)),
+          rot_v_(llm::kv_rotation(cp.type_v, hp_.head_dim_v, false, hp_.mla)) {
         check_supported();
-        const llm::Placement& pl = model.placement;
-        for (int il = std::min(hp_.n_layer, pl.first_device_layer); il < hp_.n_layer; il++) layers_.push_back(upload_layer(il));
-        if (pl.output_on_device) {
+        for (int il = slice.first_layer; il < slice.end_layer; il++) layers_.push_back(upload_layer(il));
+        if (has_output_) {
             output_norm_ = upload(model.output_norm);
             output_ = upload(model.output);
         }
@@ -130,14 +136,14 @@ public:
     void forward(const llm::OffloadBatch& b, float* x, int n_logits, const int32_t* logit_rows, float* logits) override {
         const int n = (int)b.batch->size();
         const int64_t E = hp_.n_embd;
-        reserve(n, std::max(1, n_logits), b);
+        reserve(n, has_output_ ? std::max(1, n_logits) : 0, b);
         dev_.upload(x_.get(), x, sizeof(float) * n * E);
         dev_.upload(pos_.get(), b.batch->pos.data(), sizeof(int32_t) * n);
         dev_.upload(seq_.get(), b.batch->seq.data(), sizeof(int32_t) * n);
         dev_.upload(cells_.get(), b.cells, sizeof(int32_t) * n);
         dev_.upload(pages_.get(), b.page_cells, sizeof(int32_t) * page_table_ints(b));
-        for (size_t i = 0; i < layers_.size(); i++) run_layer(layers_[i], model_.placement.first_device_layer + (int)i, b, n);
-        if (!model_.placement.output_on_device) {
+        for (size_t i = 0; i < layers_.size(); i++) run_layer(layers_[i], first_layer_ + (int)i, b, n);
+        if (!has_output_) {
             dev_.download(x, x_.get(), sizeof(float) * n * E);
             return;
         }
@@ -164,6 +170,8 @@ private:
     const llm::Model& model_;
     const llm::HParams& hp_;
     int n_cells_;
+    int first_layer_;
+    bool has_output_;
     llm::Type type_k_, type_v_;
     bool exact_softmax_;  // -fa off: llama.cpp's attention without flash attention (attention.cuh)
     int rot_k_, rot_v_;  // the Walsh-Hadamard blocks of a quantized cache's rows (0: none)
@@ -259,38 +267,62 @@ private:
         return L;
     }
 
-    // Grows the activation buffers to n tokens (and the tables to this batch's page table).
+public:
+    // Bytes of the activation buffers a batch of n_tokens needs (all of them logits rows on the output's
+    // slice): what the load log and --plan report.
+    static size_t compute_bytes(const llm::HParams& hp, const llm::Placement::Slice& slice, int n_tokens) {
+        size_t total = 0;
+        activation_buffers(hp, n_tokens, slice.output ? n_tokens : 0, 1, [&](Buffer Forward::*, size_t bytes) { total += bytes; });
+        return total;
+    }
+
+private:
+    // Every activation buffer and table with its bytes for n tokens, n_logits logits rows and a page table
+    // of `pages` ints: reserve() allocates them, compute_bytes() adds them up.
+    template <class Visit> static void activation_buffers(const llm::HParams& hp, size_t N, size_t n_logits, size_t pages, Visit visit) {
+        const size_t embd = hp.n_embd, q_width = size_t(hp.n_head) * hp.head_dim_k, kv_width = size_t(hp.n_head_kv) * hp.head_dim_k;
+        const size_t n_expert = hp.n_expert, n_used = std::max(1, hp.n_expert_used), ff_expert = hp.n_ff_exp, f = sizeof(float);
+        // Rows of the FFN's hidden buffers per token: the dense FFN's, the shared experts', or the
+        // n_used chosen experts' (moe_group's gathered rows).
+        const size_t ff = std::max({size_t(hp.n_ff), ff_expert * hp.n_expert_shared, n_used * ff_expert});
+        // The most values per token any product quantizes (MoE: the n_used gathered rows of a token).
+        const size_t widest = std::max({embd, ff, q_width, size_t(hp.q_lora_rank), size_t(hp.n_head) * hp.v_head_dim, n_expert ? n_used * embd : 0});
+        visit(&Forward::x_, N * embd * f), visit(&Forward::cur_, N * std::max(embd, q_width) * f), visit(&Forward::tmp_, N * embd * f);
+        visit(&Forward::q_, N * q_width * f), visit(&Forward::k_, N * kv_width * f), visit(&Forward::v_, N * kv_width * f);
+        visit(&Forward::attn_, N * q_width * f);
+        visit(&Forward::gate_, N * ff * f), visit(&Forward::up_, N * ff * f);
+        visit(&Forward::act_q8_, N * std::max((widest + 31) / 32 * kQ8_1Bytes, (widest + 255) / 256 * kQ8_KBytes));
+        visit(&Forward::rope_cs_, N * hp.n_rot * f);
+        visit(&Forward::logits_, n_logits * hp.n_vocab * f);
+        visit(&Forward::pos_, N * 4), visit(&Forward::seq_, N * 4), visit(&Forward::cells_, N * 4);
+        visit(&Forward::pages_, std::max<size_t>(1, pages) * 4);
+        visit(&Forward::logit_rows_, n_logits * 4);
+        if (hp.mla) {
+            const size_t heads = hp.n_head, rank = hp.kv_lora_rank, rot = hp.n_rot, nope = hp.qk_nope, v_dim = hp.v_head_dim;
+            visit(&Forward::mla_q_, N * heads * (nope + rot) * f), visit(&Forward::mla_kv_a_, N * (rank + rot) * f);
+            visit(&Forward::mla_q_a_, N * std::max<size_t>(1, hp.q_lora_rank) * f);
+            visit(&Forward::mla_head_in_, N * std::max(nope, rank) * f), visit(&Forward::mla_head_out_, N * std::max(rank, v_dim) * f);
+            visit(&Forward::mla_v_, N * heads * v_dim * f);
+        }
+        if (!n_expert) return;
+        visit(&Forward::router_, N * n_expert * f), visit(&Forward::expert_weights_, N * n_used * f);
+        visit(&Forward::gathered_, N * n_used * embd * f), visit(&Forward::expert_out_, N * n_used * embd * f), visit(&Forward::shexp_out_, N * embd * f);
+        visit(&Forward::experts_, N * n_used * 4), visit(&Forward::row_token_, N * n_used * 4), visit(&Forward::slot_, N * n_used * 4);
+        visit(&Forward::expert_first_, (n_expert + 1) * 4);
+    }
+
+    // Grows the activation buffers to n tokens (and the tables to this batch's page table). When the
+    // device runs out of memory the buffers are all released (the next batch starts over) and the
+    // error goes to the caller: that batch fails, the context stays usable.
     void reserve(int n, int n_logits, const llm::OffloadBatch& b) {
         const size_t pages = page_table_ints(b);
         if (n <= capacity_ && n_logits <= logit_capacity_ && pages <= page_capacity_) return;
-        capacity_ = std::max(n, capacity_);
-        logit_capacity_ = std::max(n_logits, logit_capacity_);
-        page_capacity_ = std::max(pages, page_capacity_);
-        const size_t N = capacity_, E = hp_.n_embd, Q = size_t(hp_.n_head) * hp_.head_dim_k;
-        const size_t X = hp_.n_expert, K = std::max(1, hp_.n_expert_used), FE = hp_.n_ff_exp;
-        // Rows of the FFN's hidden buffers per token: the dense FFN's, the shared experts', or the K
-        // chosen experts' (moe_group's gathered rows).
-        const size_t F = std::max({size_t(hp_.n_ff), FE * hp_.n_expert_shared, K * FE});
-        // The most values per token any product quantizes (MoE: the K gathered rows of a token).
-        const size_t widest = std::max({E, F, Q, size_t(hp_.q_lora_rank), size_t(hp_.n_head) * hp_.v_head_dim, X ? K * E : 0});
-        auto floats = [&](size_t count) { return Buffer(dev_, count * sizeof(float)); };
-        x_ = floats(N * E), cur_ = floats(N * std::max(E, Q)), tmp_ = floats(N * E);
-        q_ = floats(N * Q), k_ = floats(N * kv_row()), v_ = floats(N * kv_row()), attn_ = floats(N * Q);
-        gate_ = floats(N * F), up_ = floats(N * F);
-        act_q8_ = Buffer(dev_, N * std::max((widest + 31) / 32 * kQ8_1Bytes, (widest + 255) / 256 * kQ8_KBytes));
-        rope_cs_ = floats(N * hp_.n_rot);
-        logits_ = floats(size_t(logit_capacity_) * hp_.n_vocab);
-        pos_ = Buffer(dev_, N * 4), seq_ = Buffer(dev_, N * 4), cells_ = Buffer(dev_, N * 4);
-        pages_ = Buffer(dev_, std::max<size_t>(1, page_capacity_) * 4);
-        logit_rows_ = Buffer(dev_, size_t(logit_capacity_) * 4);
-        if (hp_.mla) {
-            const size_t H = hp_.n_head, R = hp_.kv_lora_rank, rot = hp_.n_rot, nope = hp_.qk_nope, vd = hp_.v_head_dim;
-            mla_q_ = floats(N * H * (nope + rot)), mla_kv_a_ = floats(N * (R + rot)), mla_q_a_ = floats(N * std::max<size_t>(1, hp_.q_lora_rank));
-            mla_head_in_ = floats(N * std::max(nope, R)), mla_head_out_ = floats(N * std::max(R, vd)), mla_v_ = floats(N * H * vd);
-        }
-        if (!X) return;
-        router_ = floats(N * X), expert_weights_ = floats(N * K), gathered_ = floats(N * K * E), expert_out_ = floats(N * K * E), shexp_out_ = floats(N * E);
-        experts_ = Buffer(dev_, N * K * 4), row_token_ = Buffer(dev_, N * K * 4), slot_ = Buffer(dev_, N * K * 4), expert_first_ = Buffer(dev_, (X + 1) * 4);
+        const int tokens = std::max(n, capacity_), logit_rows = std::max(n_logits, logit_capacity_);
+        const size_t page_ints = std::max(pages, page_capacity_);
+        capacity_ = logit_capacity_ = 0, page_capacity_ = 0;
+        activation_buffers(hp_, 0, 0, 0, [&](Buffer Forward::*buffer, size_t) { this->*buffer = Buffer(); });
+        activation_buffers(hp_, tokens, logit_rows, page_ints, [&](Buffer Forward::*buffer, size_t bytes) { this->*buffer = Buffer(dev_, bytes); });
+        capacity_ = tokens, logit_capacity_ = logit_rows, page_capacity_ = page_ints;
     }
 
     // y (n x rows) = x (n x k) W^T: quantized types against q8_1 / q8_K activations through dp4a (the
@@ -488,5 +520,60 @@ private:
         }
     }
 };
+
+// Several slices on their devices, one after the other: the activations go device to device through
+// the host, once per boundary; the cache rows are each slice's, in layer order.
+class SplitForward : public llm::OffloadBackend {
+public:
+    explicit SplitForward(std::vector<std::unique_ptr<Forward>> parts) : parts_(std::move(parts)) {}
+    size_t bytes_per_cell() const override {
+        size_t bytes = 0;
+        for (const auto& p : parts_) bytes += p->bytes_per_cell();
+        return bytes;
+    }
+    void forward(const llm::OffloadBatch& b, float* x, int n_logits, const int32_t* logit_rows, float* logits) override {
+        for (size_t i = 0; i + 1 < parts_.size(); i++) parts_[i]->forward(b, x, 0, nullptr, nullptr);
+        parts_.back()->forward(b, x, n_logits, logit_rows, logits);
+    }
+    std::vector<uint8_t> read_cells(const std::vector<int32_t>& cells) override {
+        std::vector<uint8_t> out;
+        for (const auto& p : parts_) {
+            const std::vector<uint8_t> part = p->read_cells(cells);
+            out.insert(out.end(), part.begin(), part.end());
+        }
+        return out;
+    }
+    void write_cells(const std::vector<int32_t>& cells, const uint8_t* bytes) override {
+        for (const auto& p : parts_) {
+            p->write_cells(cells, bytes);
+            bytes += p->bytes_per_cell() * cells.size();
+        }
+    }
+
+private:
+    std::vector<std::unique_ptr<Forward>> parts_;
+};
+
+// The driver of a device family: `devices` (created on first use, after a successful probe) are the
+// driver's list, in order; a context gets one Forward per slice of its model's placement.
+inline llm::OffloadDriver make_driver(const std::string& name, std::function<bool(std::string&)> probe, std::function<std::vector<Device*>()> devices) {
+    llm::OffloadDriver d;
+    d.name = name;
+    d.probe = std::move(probe);
+    d.list = [devices] {
+        std::vector<llm::OffloadDevice> out;
+        for (Device* dev : devices()) out.push_back({dev->name(), dev->description(), dev->total_bytes(), dev->free_bytes()});
+        return out;
+    };
+    d.compute_bytes = Forward::compute_bytes;
+    d.create = [devices](const llm::Model& m, const llm::ContextParams& cp, int n_cells) -> std::unique_ptr<llm::OffloadBackend> {
+        const std::vector<Device*> found = devices();
+        std::vector<std::unique_ptr<Forward>> parts;
+        for (const llm::Placement::Slice& s : m.placement.slices) parts.push_back(std::make_unique<Forward>(*found.at(s.device), m, cp, n_cells, s));
+        if (parts.size() == 1) return std::move(parts[0]);
+        return std::make_unique<SplitForward>(std::move(parts));
+    };
+    return d;
+}
 
 } // namespace llm_gpu

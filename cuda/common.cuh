@@ -7,7 +7,21 @@
 #ifdef __CUDACC__
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
+#ifdef __CUDACC_RTC__  // NVRTC (the sm_70 cubin, scripts/nvrtc-cubin) has no C library headers
+typedef signed char int8_t;
+typedef unsigned char uint8_t;
+typedef short int16_t;
+typedef unsigned short uint16_t;
+typedef int int32_t;
+typedef unsigned int uint32_t;
+typedef long long int64_t;
+typedef unsigned long long uint64_t;
+#ifndef INFINITY
+#define INFINITY __builtin_bit_cast(float, 0x7f800000u)
+#endif
+#else
 #include <stdint.h>
+#endif
 #endif
 
 #ifdef __CUDACC__

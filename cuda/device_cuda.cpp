@@ -1,6 +1,7 @@
 // device_cuda.cpp - the GPU backend's Device on a real GPU through CUDA's driver API, loaded at run time
 // with dlopen("libcuda.so.1"): the binary links no CUDA library, and on a host without the driver (or
-// without a GPU) the probe says so in one line and everything runs on the CPU.
+// without a GPU) the probe says so in one line and everything runs on the CPU. --device none never
+// gets here: no context is created.
 //
 // The kernels come from the fatbin nvcc built from cuda/kernels.cu (device code per architecture, PTX
 // for newer ones), embedded below with .incbin and loaded with cuModuleLoadData; launches look the
@@ -10,6 +11,9 @@
 #include <dlfcn.h>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <vector>
 #include <map>
 #include <mutex>
 
@@ -44,6 +48,7 @@ struct DriverApi {
     CUresult (*cuDeviceGetCount)(int*);
     CUresult (*cuDeviceGet)(CUdevice*, int);
     CUresult (*cuDeviceGetName)(char*, int, CUdevice);
+    CUresult (*cuDeviceTotalMem)(size_t*, CUdevice);
     CUresult (*cuDevicePrimaryCtxRetain)(CUcontext*, CUdevice);
     CUresult (*cuCtxSetCurrent)(CUcontext);
     CUresult (*cuCtxSynchronize)();
@@ -77,6 +82,7 @@ const DriverApi* driver_api(std::string& why_not) {
         sym(api.cuDeviceGetCount, "cuDeviceGetCount");
         sym(api.cuDeviceGet, "cuDeviceGet");
         sym(api.cuDeviceGetName, "cuDeviceGetName");
+        sym(api.cuDeviceTotalMem, "cuDeviceTotalMem_v2");
         sym(api.cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain");
         sym(api.cuCtxSetCurrent, "cuCtxSetCurrent");
         sym(api.cuCtxSynchronize, "cuCtxSynchronize");
@@ -101,80 +107,108 @@ const DriverApi* driver_api(std::string& why_not) {
     return loaded ? &api : nullptr;
 }
 
+constexpr CUresult kOutOfMemory = 2;  // CUDA_ERROR_OUT_OF_MEMORY
+
+// One GPU (a driver ordinal: CUDA_VISIBLE_DEVICES renumbers them) with its primary context, made
+// current on whichever thread uses the device (the server decodes on its own thread).
 class CudaDevice : public llm_gpu::Device {
 public:
-    explicit CudaDevice(const DriverApi& api, int ordinal) : api_(api) {
+    explicit CudaDevice(const DriverApi& api, int ordinal) : api_(api), name_("CUDA" + std::to_string(ordinal)) {
         check(api_.cuDeviceGet(&device_, ordinal), "cuDeviceGet");
         char name[256] = {};
         check(api_.cuDeviceGetName(name, sizeof name, device_), "cuDeviceGetName");
-        name_ = name;
+        description_ = name;
+        check(api_.cuDeviceTotalMem(&total_, device_), "cuDeviceTotalMem");
         check(api_.cuDevicePrimaryCtxRetain(&ctx_, device_), "cuDevicePrimaryCtxRetain");
-        check(api_.cuCtxSetCurrent(ctx_), "cuCtxSetCurrent");
+        bind();
         check(api_.cuModuleLoadData(&module_, llm_cuda_fatbin), "cuModuleLoadData (no kernels for this GPU's architecture?)");
     }
     std::string name() const override { return name_; }
+    std::string description() const override { return description_; }
+    size_t total_bytes() const override { return total_; }
+    size_t free_bytes() const override {
+        bind();
+        size_t free_bytes = 0, total = 0;
+        check(api_.cuMemGetInfo(&free_bytes, &total), "cuMemGetInfo");
+        return free_bytes;
+    }
     void* alloc(size_t bytes) override {
+        bind();
         CUdeviceptr p = 0;
         const CUresult r = api_.cuMemAlloc(&p, bytes);
-        if (r != 0) {
-            size_t free_bytes = 0, total = 0;
-            api_.cuMemGetInfo(&free_bytes, &total);
-            throw llm::Error("CUDA: cannot allocate " + std::to_string(bytes >> 20) + " MiB on " + name_ + " (" +
-                             std::to_string(free_bytes >> 20) + " MiB free): " + error_string(r));
-        }
+        if (r == kOutOfMemory)
+            throw llm::DeviceMemoryError("CUDA: cannot allocate " + std::to_string(bytes >> 20) + " MiB on " + name_ + " (" + description_ + ", " +
+                                         std::to_string(free_bytes() >> 20) + " MiB free)");
+        check(r, "cuMemAlloc");
         return reinterpret_cast<void*>(p);
     }
-    void release(void* p) override { api_.cuMemFree(reinterpret_cast<CUdeviceptr>(p)); }
+    void release(void* p) override {
+        bind();
+        api_.cuMemFree(reinterpret_cast<CUdeviceptr>(p));
+    }
     void upload(void* dst, const void* src, size_t bytes) override {
+        bind();
         check(api_.cuMemcpyHtoD(reinterpret_cast<CUdeviceptr>(dst), src, bytes), "cuMemcpyHtoD");
     }
     void download(void* dst, const void* src, size_t bytes) override {
+        bind();
         check(api_.cuMemcpyDtoH(dst, reinterpret_cast<CUdeviceptr>(src), bytes), "cuMemcpyDtoH");
     }
     void launch(const char* kernel, llm_gpu::Grid grid, llm_gpu::Grid block, void** args) override {
+        bind();
         CUfunction& fn = functions_[kernel];
         if (!fn) check(api_.cuModuleGetFunction(&fn, module_, kernel), (std::string("cuModuleGetFunction ") + kernel).c_str());
+        last_kernel_ = kernel;
         check(api_.cuLaunchKernel(fn, grid.x, grid.y, grid.z, block.x, block.y, block.z, 0, nullptr, args, nullptr),
               (std::string("kernel ") + kernel).c_str());
     }
 
 private:
     const DriverApi& api_;
+    std::string name_, description_;
+    size_t total_ = 0;
     CUdevice device_ = 0;
     CUcontext ctx_ = nullptr;
     CUmodule module_ = nullptr;
-    std::string name_;
     std::map<std::string, CUfunction> functions_;
+    std::string last_kernel_;  // launches are asynchronous: a kernel's fault shows at the next copy
 
+    void bind() const {
+        static thread_local CUcontext current = nullptr;
+        if (current != ctx_) check(api_.cuCtxSetCurrent(ctx_), "cuCtxSetCurrent"), current = ctx_;
+    }
     std::string error_string(CUresult r) const {
         const char* s = nullptr;
         api_.cuGetErrorString(r, &s);
         return s ? s : "CUDA error " + std::to_string(r);
     }
     void check(CUresult r, const char* what) const {
-        if (r != 0) throw llm::Error(std::string("CUDA: ") + what + ": " + error_string(r));
+        if (r == 0) return;
+        std::string msg = std::string("CUDA: ") + name_ + ": " + what + ": " + error_string(r);
+        if (!last_kernel_.empty() && std::strncmp(what, "kernel ", 7) != 0)
+            msg += " (after kernel " + last_kernel_ + "; CUDA_LAUNCH_BLOCKING=1 names the failing one)";
+        throw llm::Error(msg);
     }
 };
 
-// The device contexts run on: the first visible GPU (CUDA_VISIBLE_DEVICES applies), created on first use.
-CudaDevice& first_device() {
-    static std::string why;
-    static CudaDevice device(*driver_api(why), 0);
-    return device;
+// Every visible GPU (CUDA_VISIBLE_DEVICES applies), each created once, on first use after the probe.
+std::vector<llm_gpu::Device*> devices() {
+    static std::vector<std::unique_ptr<CudaDevice>> all = [] {
+        std::vector<std::unique_ptr<CudaDevice>> out;
+        std::string why;
+        const DriverApi* api = driver_api(why);
+        int count = 0;
+        if (api && api->cuDeviceGetCount(&count) == 0)
+            for (int i = 0; i < count; i++) out.push_back(std::make_unique<CudaDevice>(*api, i));
+        return out;
+    }();
+    std::vector<llm_gpu::Device*> out;
+    for (auto& d : all) out.push_back(d.get());
+    return out;
 }
 
 const bool registered = [] {
-    llm::OffloadDriver d;
-    d.name = "CUDA";
-    d.probe = [](std::string& why_not) { return driver_api(why_not) != nullptr; };
-    d.create = [](const llm::Model& m, const llm::ContextParams& cp, int n_cells) -> std::unique_ptr<llm::OffloadBackend> {
-        CudaDevice& dev = first_device();
-        fprintf(stderr, "llm: CUDA: %s: offloading %d of %d layers%s\n", dev.name().c_str(),
-                m.hp.n_layer - std::min(m.hp.n_layer, m.placement.first_device_layer), m.hp.n_layer,
-                m.placement.output_on_device ? " and the output" : "");
-        return std::make_unique<llm_gpu::Forward>(dev, m, cp, n_cells);
-    };
-    llm::set_offload_driver(d);
+    llm::set_offload_driver(llm_gpu::make_driver("CUDA", [](std::string& why_not) { return driver_api(why_not) != nullptr; }, devices));
     return true;
 }();
 

@@ -111,6 +111,48 @@ int gpu_layer_count(const Arg& a) {
     return n;
 }
 void set_gpu_layers(Options& o, const Arg& a) { o.n_gpu_layers = gpu_layer_count(a); }
+
+// -ts A,B,... (or A/B/...): each device's share of the offloaded layers.
+void set_tensor_split(Options& o, const Arg& a) {
+    o.tensor_split.clear();
+    std::string list = a.value;
+    std::replace(list.begin(), list.end(), '/', ',');
+    std::stringstream ss(list);
+    for (std::string item; std::getline(ss, item, ',');) {
+        const float share = Arg{a.flag, item}.to_float();
+        if (!(share >= 0) || o.tensor_split.size() >= 128) usage_error(a.flag + ": at most 128 shares, none negative");
+        o.tensor_split.push_back(share);
+    }
+}
+
+// -sm none | layer | row (row: split by layers here, as there is no row split).
+void set_split_mode(Options& o, const Arg& a) {
+    if (a.value != "none" && a.value != "layer" && a.value != "row") usage_error(a.flag + " must be none, layer or row");
+    if (a.value == "row") o.notes.push_back({'W', a.flag + " row: this build splits by layers"});
+    o.split_layers = a.value != "none";
+}
+
+// --device A,B,... | none: the devices to offload to, by --list-devices' names.
+void set_devices(Options& o, const Arg& a) {
+    o.devices.clear();
+    std::stringstream ss(a.value);
+    for (std::string item; std::getline(ss, item, ',');)
+        if (!item.empty()) o.devices.push_back(item);
+    if (o.devices.empty() || (o.devices.size() > 1 && std::count(o.devices.begin(), o.devices.end(), "none")))
+        usage_error(a.flag + " takes device names (--list-devices) or none");
+}
+
+// --list-devices: the driver's devices, as llama.cpp lists them.
+[[noreturn]] void list_devices(Options&, const Arg&) {
+    const llm::OffloadDriver& d = llm::offload_driver();
+    std::string why;
+    const bool found = d.probe && d.probe(why);
+    printf("Available devices:\n");
+    if (!found) fprintf(stderr, "%s: %s\n", d.name.c_str(), why.c_str());
+    for (const llm::OffloadDevice& dev : found ? d.list() : std::vector<llm::OffloadDevice>{})
+        printf("  %s: %s (%zu MiB, %zu MiB free)\n", dev.name.c_str(), dev.description.c_str(), dev.total_bytes >> 20, dev.free_bytes >> 20);
+    exit(0);
+}
 #endif
 
 // --spec-type: llama-server's names of the kinds this build has (none, a draft model, n-gram lookup);
@@ -305,21 +347,33 @@ const std::vector<Flag>& flags() {
         {{"--mlock"}, {}, "LLAMA_ARG_MLOCK", nullptr, G::Common, "keep the model in RAM", [](Options& o, const Arg& a) { o.mlock = a.on(); }},
         {{"-lzm", "--lazy-mode"}, {}, "LLAMA_ARG_LAZY_MODE", "MODE", G::Common, "on-demand reading of large tensors", note("mmap pages tensors in on demand already (ignored)")},
         {{"--numa"}, {}, "LLAMA_ARG_NUMA", "TYPE", G::Common, "NUMA optimizations", note("no NUMA placement in this build (ignored)")},
+#ifdef LLM_OFFLOAD
+        {{"-dev", "--device"}, {}, "LLAMA_ARG_DEVICE", "<dev1,dev2,..>", G::Common,
+         "devices to offload to, by --list-devices' names (none: no device, no GPU context at all)", set_devices},
+        {{"--list-devices"}, {}, nullptr, nullptr, G::Common, "print list of available devices and exit", list_devices},
+#else
         {{"-dev", "--device"}, {}, "LLAMA_ARG_DEVICE", "<dev1,dev2,..>", G::Common, "devices to offload to", note(kCpuOnly)},
         {{"--list-devices"}, {}, nullptr, nullptr, G::Common, "print list of available devices and exit",
          [](Options&, const Arg&) { printf("Available devices:\n  CPU (the only one in this build)\n"); exit(0); }},
+#endif
         {{"-ot", "--override-tensor"}, {}, "LLAMA_ARG_OVERRIDE_TENSOR", "<pattern>=<buffer type>,...", G::Common, "override tensor buffer type", note(kCpuOnly)},
         {{"-cmoe", "--cpu-moe"}, {}, "LLAMA_ARG_CPU_MOE", nullptr, G::Common, "keep MoE weights in the CPU", note(kCpuOnly)},
         {{"-ncmoe", "--n-cpu-moe"}, {}, "LLAMA_ARG_N_CPU_MOE", "N", G::Common, "keep the MoE weights of N layers in the CPU", note(kCpuOnly)},
 #ifdef LLM_OFFLOAD
         {{"-ngl", "--gpu-layers", "--n-gpu-layers"}, {}, "LLAMA_ARG_N_GPU_LAYERS", "N", G::Common,
          "layers to store in VRAM: the last N repeating layers, the output too when N > layers (all, auto: everything)", set_gpu_layers},
+        {{"-sm", "--split-mode"}, {}, "LLAMA_ARG_SPLIT_MODE", "{none,layer,row}", G::Common,
+         "how to split across GPUs: none (only --main-gpu), layer (default; row splits by layers too)", set_split_mode},
+        {{"-ts", "--tensor-split"}, {}, "LLAMA_ARG_TENSOR_SPLIT", "N0,N1,...", G::Common,
+         "each GPU's share of the offloaded layers, e.g. 3,1 (default: in proportion to free memory)", set_tensor_split},
+        {{"-mg", "--main-gpu"}, {}, "LLAMA_ARG_MAIN_GPU", "INDEX", G::Common, "the GPU to use with --split-mode none (default 0)",
+         [](Options& o, const Arg& a) { o.main_gpu = a.to_int(); }},
 #else
         {{"-ngl", "--gpu-layers", "--n-gpu-layers"}, {}, "LLAMA_ARG_N_GPU_LAYERS", "N", G::Common, "layers to store in VRAM", note(kCpuOnly)},
-#endif
         {{"-sm", "--split-mode"}, {}, "LLAMA_ARG_SPLIT_MODE", "{none,layer,row}", G::Common, "how to split across GPUs", note(kCpuOnly)},
         {{"-ts", "--tensor-split"}, {}, "LLAMA_ARG_TENSOR_SPLIT", "N0,N1,...", G::Common, "fraction of the model per GPU", note(kCpuOnly)},
         {{"-mg", "--main-gpu"}, {}, "LLAMA_ARG_MAIN_GPU", "INDEX", G::Common, "the GPU to use", note(kCpuOnly)},
+#endif
         {{"-fit", "--fit"}, {}, "LLAMA_ARG_FIT", "[on|off]", G::Common, "fit unset arguments in device memory", note("use --plan to see what a deployment needs (ignored)")},
         {{"-fitt", "--fit-target"}, {}, "LLAMA_ARG_FIT_TARGET", "MiB0,...", G::Common, "target margin per device for --fit", note(kCpuOnly)},
         {{"-fitc", "--fit-ctx"}, {}, "LLAMA_ARG_FIT_CTX", "N", G::Common, "minimum ctx size for --fit", note(kCpuOnly)},
@@ -767,6 +821,10 @@ llm::ModelOptions model_options(const Options& o) {
     mo.mlock = o.mlock;
     mo.interleave = o.repack;
     mo.n_gpu_layers = o.n_gpu_layers;
+    mo.tensor_split = o.tensor_split;
+    mo.main_gpu = o.main_gpu;
+    mo.split_layers = o.split_layers;
+    mo.devices = o.devices;
     return mo;
 }
 
@@ -779,6 +837,7 @@ llm::ContextParams context_params(const Options& o, int n_ctx) {
     cp.type_k = o.type_k;
     cp.type_v = o.type_v;
     cp.flash_attn = o.flash_attn;
+    cp.n_batch = o.n_batch;
     cp.moe_grouped = !o.moe_per_token;
     cp.embeddings = o.embedding;
     cp.pooling = o.pooling;

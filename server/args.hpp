@@ -52,6 +52,10 @@ struct Options {
     bool has_prompt = false, has_prompt_ids = false;
     int n_predict = -1, n_ctx = 0, n_threads = 0, n_batch = 512, bench_reps = 5, n_parallel = 1, n_chunks = -1;
     int n_gpu_layers = 0;  // -ngl (builds with an offload backend); -1: all
+    std::vector<float> tensor_split;   // -ts
+    int main_gpu = 0;                  // -mg
+    bool split_layers = true;          // -sm layer (false: none)
+    std::vector<std::string> devices;  // --device (empty: all; {"none"}: none)
     int n_threads_batch = 0, poll = 50;  // prefill threads (0: as -t), idle workers' busy-wait level
     llm::Type type_k = llm::Type::F16, type_v = llm::Type::F16;
     llm::FlashAttn flash_attn = llm::FlashAttn::Auto;  // -fa

@@ -309,6 +309,34 @@ std::string human_bytes(size_t b) {
 
 }  // namespace
 
+// --plan with -ngl: what each device holds (its layers' weights, their KV cache, a batch's activations)
+// against its free memory; without a device found, over -ts's (or one) devices of unknown memory.
+// Returns whether everything fits.
+static bool plan_devices(const Options& o, const llm::Model& m, int n_cells) {
+    const llm::OffloadDriver& d = llm::offload_driver();
+    std::string why = "this build has no GPU backend";
+    std::vector<llm::OffloadDevice> found;
+    if (d.probe && d.probe(why)) found = d.list();
+    const bool known = !found.empty();
+    for (size_t i = 0; !known && i < std::max<size_t>(1, o.tensor_split.size()); i++) found.push_back({"GPU" + std::to_string(i), why, 0, 0});
+    const llm::Placement pl = llm::place_on_devices(m.hp.n_layer, model_options(o), found);
+    const std::vector<llm::DeviceMemory> need = llm::offload_memory(m, pl, n_cells, o.type_k, o.type_v, o.n_batch);
+    const int offloaded = m.hp.n_layer - std::min(m.hp.n_layer, pl.first_device_layer) + (pl.output_on_device ? 1 : 0);
+    printf("offload:          %d/%d layers over %zu device(s)\n", offloaded, m.hp.n_layer + 1, pl.slices.size());
+    bool fits = true;
+    for (size_t i = 0; i < need.size(); i++) {
+        const llm::Placement::Slice& s = pl.slices[i];
+        const llm::OffloadDevice& dev = found[s.device];
+        printf("  %s (%s): %s: weights %s, kv %s, compute %s (batch %d) = %s", dev.name.c_str(), dev.description.c_str(), s.describe().c_str(),
+               human_bytes(need[i].weights).c_str(), human_bytes(need[i].kv).c_str(),
+               human_bytes(need[i].compute).c_str(), o.n_batch, human_bytes(need[i].total()).c_str());
+        if (known) printf("; free %s -> %s\n", human_bytes(dev.free_bytes).c_str(), need[i].total() <= dev.free_bytes ? "fits" : "DOES NOT FIT");
+        else printf("\n");
+        fits = fits && (!known || need[i].total() <= dev.free_bytes);
+    }
+    return fits;
+}
+
 // --plan: the KV-cache spreadsheet, from metadata only. -c is the context each slot gets here, so the
 // total is slots x context (the server itself splits -c across its slots: give it -c C*N for N
 // slots of C tokens).
@@ -334,8 +362,9 @@ int run_plan(const Options& o) {
     } else {
         printf("available:        unknown\n");
     }
+    const bool devices_fit = o.n_gpu_layers == 0 || plan_devices(o, *m, n_ctx * o.n_parallel);
     printf("server flags:     -c %lld -np %d\n", (long long)n_ctx * o.n_parallel, o.n_parallel);
-    return p.fits ? 0 : 2;
+    return p.fits && devices_fit ? 0 : 2;
 }
 
 // --render-chat: the template is --chat-template-file's text, else --chat-template's (Jinja text).

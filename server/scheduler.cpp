@@ -692,11 +692,13 @@ bool Scheduler::step(llm::Batch& batch) {
         ctx_.decode(batch);
     } catch (const llm::Error& e) {
         log_msg('E', "decode failed: %s", e.what());
+        // Out of device memory: the server stays healthy, the requests may be tried again (503).
+        const int status = dynamic_cast<const llm::DeviceMemoryError*>(&e) ? 503 : 500;
         for (Part& pt : parts) {
             pt.s->cache.resize(std::min(pt.s->cache.size(), (size_t)ctx_.seq_len(pt.s->id)));
             ctx_.seq_truncate(pt.s->id, (int)pt.s->cache.size());  // a draft's rows may be there
             pt.s->drafted.clear();
-            fail_slot(*pt.s, 500, std::string("decode failed: ") + e.what());
+            fail_slot(*pt.s, status, std::string("decode failed: ") + e.what());
         }
         return true;
     }

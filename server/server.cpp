@@ -159,6 +159,7 @@ void load(const Options& o, const SchedulerConfig& cfg, Engine& e) {
     }
     cp.n_seq = cfg.n_slots;
     cp.kv_unified = cfg.kv_unified;
+    cp.n_batch = cfg.budget;
     e.ctx = std::make_unique<llm::Context>(*e.model, cp);
     log_msg('I', "kv cache: %d slots, %s of %d tokens, %.2f MiB (K %s, V %s); %d threads; %d tokens per step", cfg.n_slots,
             cfg.kv_unified ? "one shared pool" : "each", cfg.kv_unified ? e.ctx->n_ctx() : e.ctx->n_ctx_seq(), mib(e.ctx->kv_bytes()),

@@ -8,8 +8,11 @@
 
 #include <cstdlib>
 #include <functional>
+#include <algorithm>
 #include <map>
 #include <memory>
+#include <mutex>
+#include <sstream>
 #include <utility>
 
 namespace simt_gpu {
@@ -58,15 +61,35 @@ inline const std::map<std::string, Launcher>& kernels() {
     return table;
 }
 
+// One emulated GPU: "device memory" is host memory, limited to `total` bytes (alloc beyond that throws
+// llm::DeviceMemoryError, as cuMemAlloc's out of memory does in the CUDA driver).
 class EmulatedDevice : public llm_gpu::Device {
 public:
-    std::string name() const override { return "SIMT emulator"; }
+    EmulatedDevice(int ordinal, size_t total) : name_("CUDA" + std::to_string(ordinal)), total_(total) {}
+    std::string name() const override { return name_; }
+    std::string description() const override { return "SIMT emulator"; }
+    size_t total_bytes() const override { return total_; }
+    size_t free_bytes() const override {
+        std::lock_guard<std::mutex> lock(mu_);
+        return total_ - used_;
+    }
     void* alloc(size_t bytes) override {
-        void* p = std::malloc(bytes);
-        if (!p) throw llm::Error("emulated device: out of memory for " + std::to_string(bytes) + " bytes");
+        std::lock_guard<std::mutex> lock(mu_);
+        if (bytes > total_ - used_)
+            throw llm::DeviceMemoryError("emulated device " + name_ + ": out of memory for " + std::to_string(bytes >> 20) + " MiB (" +
+                                         std::to_string((total_ - used_) >> 20) + " MiB free)");
+        void* p = std::malloc(std::max<size_t>(1, bytes));
+        if (!p) throw llm::DeviceMemoryError("emulated device " + name_ + ": the host is out of memory");
+        sizes_[p] = bytes;
+        used_ += bytes;
         return p;
     }
-    void release(void* p) override { std::free(p); }
+    void release(void* p) override {
+        std::lock_guard<std::mutex> lock(mu_);
+        used_ -= sizes_.at(p);
+        sizes_.erase(p);
+        std::free(p);
+    }
     void upload(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
     void download(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
     void launch(const char* kernel, llm_gpu::Grid grid, llm_gpu::Grid block, void** args) override {
@@ -78,18 +101,70 @@ public:
             throw llm::Error(std::string("kernel ") + kernel + ": " + e.what());
         }
     }
+
+private:
+    std::string name_;
+    size_t total_;
+    mutable std::mutex mu_;
+    size_t used_ = 0;
+    std::map<void*, size_t> sizes_;
 };
 
-// -ngl runs on the emulator from now on (one emulated device shared by all contexts).
-inline void register_emulator_driver() {
-    static EmulatedDevice device;
-    llm::OffloadDriver d;
-    d.name = device.name();
-    d.probe = [](std::string&) { return true; };
-    d.create = [](const llm::Model& m, const llm::ContextParams& cp, int n_cells) -> std::unique_ptr<llm::OffloadBackend> {
-        return std::make_unique<llm_gpu::Forward>(device, m, cp, n_cells);
-    };
-    llm::set_offload_driver(d);
+// The emulated ordinals CUDA_VISIBLE_DEVICES leaves visible, in its order (as the driver reads it: a
+// comma list of indices, ending at the first that is not a valid one); unset: all of them.
+inline std::vector<int> visible_ordinals(int n_devices) {
+    std::vector<int> out;
+    const char* env = std::getenv("CUDA_VISIBLE_DEVICES");
+    if (!env) {
+        for (int i = 0; i < n_devices; i++) out.push_back(i);
+        return out;
+    }
+    std::stringstream list(env);
+    std::string item;
+    while (std::getline(list, item, ',')) {
+        char* end = nullptr;
+        const long i = std::strtol(item.c_str(), &end, 10);
+        if (item.empty() || *end || i < 0 || i >= n_devices || std::find(out.begin(), out.end(), int(i)) != out.end()) break;
+        out.push_back(int(i));
+    }
+    return out;
+}
+
+// A positive count from the environment, with an optional K, M or G suffix (powers of 1024), else `fallback`.
+inline size_t env_count(const char* name, size_t fallback) {
+    const char* v = std::getenv(name);
+    char* end = nullptr;
+    const unsigned long long n = v ? std::strtoull(v, &end, 10) : 0;
+    if (!n || !end) return fallback;
+    const std::string suffix = end;
+    const int shift = suffix == "K" ? 10 : suffix == "M" ? 20 : suffix == "G" ? 30 : suffix.empty() ? 0 : -1;
+    return shift < 0 || n > (~0ull >> 34) ? fallback : size_t(n) << shift;
+}
+
+// -ngl runs on the emulator from now on, over n_devices emulated GPUs of memory_bytes each (0: from
+// $LLM_EMU_DEVICES, default 1, and $LLM_EMU_MEMORY, bytes or 512M / 8G, default 64G), those CUDA_VISIBLE_DEVICES
+// shows. The devices live as long as the program (contexts may outlive a later registration).
+inline void register_emulator_driver(int n_devices = 0, size_t memory_bytes = 0) {
+    static std::mutex mu;
+    static std::vector<std::unique_ptr<EmulatedDevice>> all;
+    if (n_devices <= 0) n_devices = int(std::min<size_t>(16, env_count("LLM_EMU_DEVICES", 1)));
+    if (memory_bytes == 0) memory_bytes = env_count("LLM_EMU_MEMORY", size_t(64) << 30);
+    std::vector<llm_gpu::Device*> devices;
+    {
+        std::lock_guard<std::mutex> lock(mu);
+        const std::vector<int> visible = visible_ordinals(n_devices);
+        for (size_t i = 0; i < visible.size(); i++) {
+            all.push_back(std::make_unique<EmulatedDevice>(int(i), memory_bytes));
+            devices.push_back(all.back().get());
+        }
+    }
+    llm::set_offload_driver(llm_gpu::make_driver(
+        "SIMT emulator",
+        [n = devices.size()](std::string& why_not) {
+            if (n == 0) why_not = "no CUDA device";
+            return n > 0;
+        },
+        [devices] { return devices; }));
 }
 
 } // namespace simt_gpu

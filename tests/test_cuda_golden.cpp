@@ -249,3 +249,45 @@ TEST_CASE("cuda golden: llm-server-emu -ctk/-ctv q4_0 with -fa on|auto matches t
                         &log) != 0);
     CHECK(log.find("expected on, off or auto after LLAMA_ARG_FLASH_ATTN, got 'sometimes'") != std::string::npos);
 }
+
+// -ts over two emulated devices: the layers split as llama.cpp splits them, the activations crossing
+// device to device through the host; the logits agree with one device's (the same kernels, bit for
+// bit) and with the reference. Also a partial offload where the CPU, then two devices run.
+TEST_CASE("cuda golden: -ts 1,1 over two emulated devices equals one device") {
+    for (const char* name : {"tiny-llama-Q4_K_M-kvf16", "tiny-gemma3-Q8_0-kvf16", "tiny-qwen3-F16-kvf16"}) {
+        const golden::GoldenCase c = find_case(name);
+        CAPTURE(c.name);
+        const std::vector<int32_t> toks = golden::json_tokens(testutil::read_file(testutil::shared_dir() + "/golden/logits/" + c.name + ".json"));
+        simt_gpu::register_emulator_driver(1);
+        auto one = load_offloaded(c, 99);
+        const std::vector<float> single = golden::run_model(*one, toks, llm::Type::F16, 16);
+        simt_gpu::register_emulator_driver(2);
+        for (int ngl : {99, 3}) {
+            CAPTURE(ngl);
+            llm::ModelOptions opt;
+            opt.n_gpu_layers = ngl;
+            opt.tensor_split = {1, 1};
+            auto m = llm::Model::load(testutil::shared_dir() + "/golden/models/" + c.model, opt);
+            REQUIRE(m->placement.slices.size() == 2);
+            // 4 layers and the output: 0-2 | 3 + output; -ngl 3: CPU 0 | 1-2 | 3.
+            CHECK(m->placement.slices[0].device == 0);
+            CHECK(m->placement.slices[1].device == 1);
+            CHECK(m->placement.slices[0].first_layer == (ngl == 99 ? 0 : 1));
+            CHECK(m->placement.slices[0].end_layer == 3);
+            CHECK(m->placement.slices[1].end_layer == 4);
+            CHECK(m->placement.slices[1].output == (ngl == 99));
+            const std::vector<float> split = golden::run_model(*m, toks, llm::Type::F16, 16);
+            REQUIRE(split.size() == single.size());
+            const std::vector<float> ref = golden::reference_logits(c, toks.size() * m->hp.n_vocab);
+            const golden::Agreement a = golden::compare(ref, split, m->hp.n_vocab);
+            MESSAGE(c.name << " -ngl " << ngl << " -ts 1,1: mean KL " << a.mean_kl << ", top-1 " << a.top1);
+            check_agreement(c, a);
+            if (ngl == 99) {
+                float max_diff = 0;
+                for (size_t i = 0; i < split.size(); i++) max_diff = std::max(max_diff, std::fabs(split[i] - single[i]));
+                CHECK(max_diff <= 1e-4f);
+            }
+        }
+    }
+    simt_gpu::register_emulator_driver(1);
+}
