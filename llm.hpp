@@ -12642,7 +12642,7 @@ public:
         {
             std::lock_guard<std::mutex> lk(mutex_);
             stop_ = true;
-            generation_.fetch_add(1);
+            generation_.fetch_add(2);
         }
         cv_.notify_all();
         for (auto& t : workers_) t.join();
@@ -12650,30 +12650,32 @@ public:
     int size() const { return n_; }
     // Threads that take part in the next jobs (1..size(); the rest wake and go back to waiting), so
     // prefill and decode may use different counts (-t / -tb).
-    void set_active(int n) { active_ = std::min(n_, std::max(1, n)); }
+    void set_active(int n) { active_.store(std::min(n_, std::max(1, n))); }
 
     // Calls fn over [0, n) in chunks of about `grain` items (at least one chunk per thread when n
     // allows); returns when every chunk is done. fn must not throw.
     void parallel_for(int64_t n, int64_t grain, const Fn& fn) {
         if (n <= 0) return;
         grain = std::max<int64_t>(1, grain);
-        if (active_ == 1 || n <= grain) {
+        const int active = active_.load();
+        if (active == 1 || n <= grain) {
             fn(0, n, 0);
             return;
         }
         fn_ = &fn;
         n_items_ = n;
-        const int a = active_;
-        chunk_ = std::max<int64_t>(grain, std::min<int64_t>(n / a, (n + 8 * a - 1) / (8 * a)));
+        chunk_ = std::max<int64_t>(grain, std::min<int64_t>(n / active, (n + 8 * active - 1) / (8 * active)));
         next_.store(0);
-        done_.store(0);
         {
             std::lock_guard<std::mutex> lk(mutex_);
-            generation_.fetch_add(1, std::memory_order_release);
+            generation_.fetch_add(1);  // odd: the job is open
         }
         cv_.notify_all();
         run_chunks(0);
-        while (done_.load(std::memory_order_acquire) != n_ - 1) std::this_thread::yield();
+        // Close the job, then wait only for the workers inside it: one that has not joined yet never will,
+        // so a worker that lost its core to another process does not stall every job of a decode step.
+        generation_.fetch_add(1);  // even: closed
+        while (joined_.load() != 0) std::this_thread::yield();
     }
 
 private:
@@ -12684,37 +12686,45 @@ private:
             (*fn_)(b, std::min(n_items_, b + chunk_), thread);
         }
     }
+    // The next generation after `seen`: busy-waits up to the poll level, then sleeps.
+    uint64_t wait_for_change(uint64_t seen) {
+        uint64_t g;
+        int spins = 0;
+        while ((g = generation_.load(std::memory_order_acquire)) == seen && spins < spins_) {
+            spins++;
+            if ((spins & 63) == 0) std::this_thread::yield();
+        }
+        if (g != seen) return g;
+        std::unique_lock<std::mutex> lk(mutex_);
+        cv_.wait(lk, [&] { return generation_.load() != seen; });
+        return generation_.load();
+    }
+    // A worker joins an open job (odd generation) and re-checks that it is still open before touching it:
+    // with the caller's close-then-wait (all seq_cst), either the caller waits for this worker or the
+    // worker sees the job closed and leaves it alone.
     void worker_loop(int thread) {
         uint64_t seen = 0;
         for (;;) {
-            uint64_t g;
-            int spins = 0;
-            while ((g = generation_.load(std::memory_order_acquire)) == seen && spins < spins_) {
-                spins++;
-                if ((spins & 63) == 0) std::this_thread::yield();
-            }
-            if (g == seen) {
-                std::unique_lock<std::mutex> lk(mutex_);
-                cv_.wait(lk, [&] { return generation_.load() != seen; });
-                g = generation_.load();
-            }
+            const uint64_t g = wait_for_change(seen);
             seen = g;
             if (stop_) return;
-            if (thread < active_) run_chunks(thread);
-            done_.fetch_add(1, std::memory_order_release);
+            if (!(g & 1) || thread >= active_.load()) continue;
+            joined_.fetch_add(1);
+            if (generation_.load() == g) run_chunks(thread);
+            joined_.fetch_sub(1);
         }
     }
 
     int n_;
-    int active_;  // written by the calling thread between jobs; read by workers after the generation's acquire
+    std::atomic<int> active_;  // set by the calling thread between jobs
     const int spins_;
     std::vector<std::thread> workers_;
     std::mutex mutex_;
     std::condition_variable cv_;
-    std::atomic<uint64_t> generation_{0};
+    std::atomic<uint64_t> generation_{0};  // odd while a job is open
     std::atomic<int64_t> next_{0};
-    std::atomic<int> done_{0};
-    bool stop_ = false;
+    std::atomic<int> joined_{0};  // workers inside the current job
+    std::atomic<bool> stop_{false};
     const Fn* fn_ = nullptr;
     int64_t n_items_ = 0, chunk_ = 1;
 };
