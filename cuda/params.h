@@ -1,7 +1,9 @@
 // params.h - the parameter blocks kernels take by value, shared with the host code that fills them
 // (plain C++: the host side includes it without CUDA).
 #pragma once
+#ifndef __CUDACC_RTC__  // NVRTC has no C++ library headers; size_t is built in there
 #include <cstddef>
+#endif
 
 // RoPE (rope_cache): YaRN is on when ext_factor != 0; freq_factors divide theta (nullptr: none).
 struct RopeParams {
