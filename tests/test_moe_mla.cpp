@@ -69,10 +69,14 @@ TEST_CASE("plan: DeepSeek-Coder-V2-Lite latent cache and Qwen2.5-Coder-7B GQA ca
     CHECK(plan(qw, 8192, 4, llm::Type::Q8_0).kv_bytes_per_token == 28ull * 2 * 512 / 32 * 34);
     // The CLI prints the same numbers.
     std::string out;
-    REQUIRE(testutil::run("./llm-server -m " + ds + " --plan -c 8192 -np 4", &out) == 0);
+    // Exit status 2 says the plan does not fit this host's free memory at the moment: the figures hold either way.
+    const int rc = testutil::run("./llm-server -m " + ds + " --plan -c 8192 -np 4", &out);
+    CAPTURE(out);
+    REQUIRE((rc == 0 || (rc == 2 && out.find("DOES NOT FIT") != std::string::npos)));
     CHECK(out.find("31104 B") != std::string::npos);
     CHECK(out.find("0.95 GiB") != std::string::npos);
-    REQUIRE(testutil::run("./llm-server -m " + qw + " --plan -c 8192 -np 4 -ctk q8_0 -ctv q8_0", &out) == 0);
+    const int rc_q8 = testutil::run("./llm-server -m " + qw + " --plan -c 8192 -np 4 -ctk q8_0 -ctv q8_0", &out);
+    REQUIRE((rc_q8 == 0 || (rc_q8 == 2 && out.find("DOES NOT FIT") != std::string::npos)));
     CHECK(out.find("30464 B") != std::string::npos);
     unlink(ds.c_str());
     unlink(qw.c_str());

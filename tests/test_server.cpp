@@ -625,7 +625,7 @@ TEST_CASE("server: llama-server's flags, spellings and LLAMA_ARG_* variables") {
     CHECK(p.body["model_alias"] == "smol");  // -a over LLAMA_ARG_ALIAS
     // Each inapplicable flag leaves one line saying what it means here.
     std::string log = s.log();
-    for (const char* note : {"-ngl: this is a CPU build", "-fa: attention always runs fused", "--offline: always offline",
+    for (const char* note : {"-ngl: this is a CPU build", "--offline: always offline",
                              "--threads-http: one thread per connection", "--no-mmproj: no multimodal input"}) {
         CHECK_MESSAGE(log.find(note) != std::string::npos, note);
     }
