@@ -168,16 +168,24 @@ inline void fiber_main(Fiber* f) {
     simt_switch(&f->sp, b.scheduler_sp);
 }
 
-// Per-worker fiber stacks, reserved once (pages are touched only as deep as kernels go).
+// Per-worker fiber stacks, reserved once per worker thread (pages are touched only as deep as kernels
+// go) and returned when the thread ends: every launch starts new workers, so a test process that
+// launches thousands of kernels must not keep each one's stacks.
+struct WorkerStacks {
+    uint8_t* base = nullptr;
+    ~WorkerStacks() {
+        if (base) munmap(base, kStackBytes * kMaxBlockThreads);
+    }
+};
 inline uint8_t* worker_stacks() {
-    static thread_local uint8_t* stacks = nullptr;
-    if (!stacks) {
+    static thread_local WorkerStacks stacks;
+    if (!stacks.base) {
         void* p = mmap(nullptr, kStackBytes * kMaxBlockThreads, PROT_READ | PROT_WRITE,
                        MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
         if (p == MAP_FAILED) throw Error("simt: cannot reserve fiber stacks");
-        stacks = static_cast<uint8_t*>(p);
+        stacks.base = static_cast<uint8_t*>(p);
     }
-    return stacks;
+    return stacks.base;
 }
 
 // Prepares fiber i's stack so that the first switch to it enters fiber_main(&fiber).
