@@ -13,8 +13,9 @@ is `no_vocab` (benchmarks feed token ids). Used by scripts/bench-cpu.
 """
 import sys
 
-import numpy as np
 import gguf
+
+from bench_model import RandomWeights, write
 
 SHAPES = {
     "smollm2-135m": dict(n_embd=576, n_layer=30, n_head=9, n_head_kv=3, n_ff=1536, vocab=49152, rope_base=100000.0),
@@ -27,15 +28,9 @@ def main() -> None:
         sys.exit("usage: make-dense-bench-model.py {%s} OUT.gguf" % ",".join(SHAPES))
     name, out = sys.argv[1], sys.argv[2]
     s = SHAPES[name]
-    rng = np.random.default_rng(4321)
+    weights = RandomWeights(4321)
+    rand, ones = weights.normal, weights.ones
     head_dim = s["n_embd"] // s["n_head"]
-
-    def rand(*shape):
-        # numpy order: the reverse of GGUF's ne (ne0 is the last axis)
-        return (rng.standard_normal(shape, dtype=np.float32) * 0.02).astype(np.float16)
-
-    def ones(n):
-        return np.ones(n, dtype=np.float32)
 
     w = gguf.GGUFWriter(out, "llama")
     w.add_name(f"bench-{name}-shapes")
@@ -67,11 +62,7 @@ def main() -> None:
         w.add_tensor(p + "ffn_up.weight", rand(s["n_ff"], s["n_embd"]))
         w.add_tensor(p + "ffn_down.weight", rand(s["n_embd"], s["n_ff"]))
 
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    print(f"wrote {out}")
+    write(w, out)
 
 
 if __name__ == "__main__":

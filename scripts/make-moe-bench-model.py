@@ -19,6 +19,8 @@ import sys
 import numpy as np
 import gguf
 
+from bench_model import RandomWeights, write
+
 ARCH = "deepseek2"
 N_LAYER = 3
 N_EMBD = 2048
@@ -39,14 +41,8 @@ def main() -> None:
     if len(sys.argv) != 2:
         sys.exit("usage: make-moe-bench-model.py OUT.gguf")
     out = sys.argv[1]
-    rng = np.random.default_rng(1234)
-
-    def rand(*shape, dtype=np.float16):
-        # numpy order: the reverse of GGUF's ne (ne0 is the last axis)
-        return (rng.standard_normal(shape, dtype=np.float32) * 0.02).astype(dtype)
-
-    def ones(n):
-        return np.ones(n, dtype=np.float32)
+    weights = RandomWeights(1234)
+    rand, ones = weights.normal, weights.ones
 
     w = gguf.GGUFWriter(out, ARCH)
     w.add_name("moe-bench-deepseek2-lite-shapes")
@@ -98,11 +94,7 @@ def main() -> None:
         w.add_tensor(p + "ffn_up_shexp.weight", rand(N_SHARED * FF_EXP, N_EMBD))
         w.add_tensor(p + "ffn_down_shexp.weight", rand(N_EMBD, N_SHARED * FF_EXP))
 
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    print(f"wrote {out}")
+    write(w, out)
 
 
 if __name__ == "__main__":
