@@ -12,6 +12,7 @@
 #include "params.h"
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -40,6 +41,9 @@ public:
     virtual void upload(void* dst, const void* src, size_t bytes) = 0;
     virtual void download(void* dst, const void* src, size_t bytes) = 0;
     virtual void launch(const char* kernel, Grid grid, Grid block, void** args) = 0;
+    // major * 10 + minor ("80": sm_80), which picks the kernels a batch uses (0: unknown, none of the
+    // architecture-specific ones).
+    virtual int compute_capability() const { return 0; }
 };
 
 template <class... Args> void launch(Device& d, const char* kernel, Grid grid, Grid block, Args... args) {
@@ -121,7 +125,7 @@ public:
     Forward(Device& dev, const llm::Model& model, const llm::ContextParams& cp, int n_cells, const llm::Placement::Slice& slice)
         : dev_(dev), model_(model), hp_(model.hp), n_cells_(n_cells), first_layer_(slice.first_layer), has_output_(slice.output), type_k_(cp.type_k),
           type_v_(cp.type_v), exact_softmax_(cp.flash_attn == llm::FlashAttn::Off), rot_k_(llm::kv_rotation(cp.type_k, hp_.head_dim_k, true, hp_.mla)),
-          rot_v_(llm::kv_rotation(cp.type_v, hp_.head_dim_v, false, hp_.mla)) {
+          rot_v_(llm::kv_rotation(cp.type_v, hp_.head_dim_v, false, hp_.mla)), tensor_cores_(uses_tensor_cores(dev)) {
         check_supported();
         for (int il = slice.first_layer; il < slice.end_layer; il++) layers_.push_back(upload_layer(il));
         if (has_output_) {
@@ -175,6 +179,7 @@ private:
     llm::Type type_k_, type_v_;
     bool exact_softmax_;  // -fa off: llama.cpp's attention without flash attention (attention.cuh)
     int rot_k_, rot_v_;  // the Walsh-Hadamard blocks of a quantized cache's rows (0: none)
+    bool tensor_cores_;  // prefill's integer products through mma.cuh (sm_80 and up)
     std::vector<DeviceLayer> layers_;
     DeviceTensor output_norm_, output_, rope_freqs_;
     // Activations and per-batch tables, grown to the largest batch seen.
@@ -325,10 +330,18 @@ private:
         capacity_ = tokens, logit_capacity_ = logit_rows, page_capacity_ = page_ints;
     }
 
+    // The int8 tensor-core products (mma.cuh) from sm_80 on, unless LLM_CUDA_MMA=0 asks for the dp4a
+    // tiles (scripts/device-check compares the two).
+    static bool uses_tensor_cores(const Device& dev) {
+        const char* env = std::getenv("LLM_CUDA_MMA");
+        return dev.compute_capability() >= 80 && !(env && std::string(env) == "0");
+    }
+
     // y (n x rows) = x (n x k) W^T: quantized types against q8_1 / q8_K activations through dp4a (the
     // CPU's 8-bit rounding), float types against f32 activations; up to kMaxMatvecTokens tokens
-    // (decode, a few slots) the matvec kernels, larger batches the 32 x 32 tiles.
-    static constexpr int kMaxMatvecTokens = 8;
+    // (decode, a few slots) the matvec kernels, larger batches the 32 x 32 tiles, or for the quantized
+    // types from kMinMmaTokens on the tensor cores' 64 x 64 tiles where the device has them.
+    static constexpr int kMaxMatvecTokens = 8, kMinMmaTokens = 16;
     void matmul(const DeviceTensor& w, const float* x, int n, float* y) { product(w, x, n, n, y, nullptr); }
     // The same for all experts of w at once (MoE): x holds n_rows rows grouped by expert as
     // expert_first says, at most n_per_expert of them per expert.
@@ -349,8 +362,10 @@ private:
             const size_t blocks = size_t(n_rows) * k / (std::string(act_type) == "q8_K" ? 256 : 32);
             launch(dev_, ("quantize_" + std::string(act_type)).c_str(), {unsigned((blocks + 7) / 8)}, {256}, x, act_q8_.get<void>(), n_rows * k);
         }
-        const std::string name = (matvec ? "matvec_" : "matmul_") + (dp4a ? std::string(act_type) + "_" : "") + id + type;
-        const Grid grid = matvec ? per_row : tiles, block{unsigned(matvec ? kMatvecThreads : kMatmulThreads)};
+        const bool mma = dp4a && tensor_cores_ && n_per_expert >= kMinMmaTokens;
+        const std::string name = (matvec ? "matvec_" : mma ? "matmul_mma_" : "matmul_") + (dp4a ? std::string(act_type) + "_" : "") + id + type;
+        const Grid mma_tiles{unsigned((rows + kMmaRows - 1) / kMmaRows), unsigned((n_per_expert + kMmaTokens - 1) / kMmaTokens), n_experts};
+        const Grid grid = matvec ? per_row : mma ? mma_tiles : tiles, block{unsigned(matvec ? kMatvecThreads : mma ? kMmaThreads : kMatmulThreads)};
         const void* act = dp4a ? act_q8_.get<const void>() : x;
         if (expert_first) launch(dev_, name.c_str(), grid, block, W, w.expert_bytes, w.row_bytes, act, y, k, rows, expert_first);
         else if (matvec) launch(dev_, name.c_str(), grid, block, W, w.row_bytes, act, y, k, rows);

@@ -49,6 +49,7 @@ struct DriverApi {
     CUresult (*cuDeviceGet)(CUdevice*, int);
     CUresult (*cuDeviceGetName)(char*, int, CUdevice);
     CUresult (*cuDeviceTotalMem)(size_t*, CUdevice);
+    CUresult (*cuDeviceGetAttribute)(int*, int, CUdevice);
     CUresult (*cuDevicePrimaryCtxRetain)(CUcontext*, CUdevice);
     CUresult (*cuCtxSetCurrent)(CUcontext);
     CUresult (*cuCtxSynchronize)();
@@ -83,6 +84,7 @@ const DriverApi* driver_api(std::string& why_not) {
         sym(api.cuDeviceGet, "cuDeviceGet");
         sym(api.cuDeviceGetName, "cuDeviceGetName");
         sym(api.cuDeviceTotalMem, "cuDeviceTotalMem_v2");
+        sym(api.cuDeviceGetAttribute, "cuDeviceGetAttribute");
         sym(api.cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain");
         sym(api.cuCtxSetCurrent, "cuCtxSetCurrent");
         sym(api.cuCtxSynchronize, "cuCtxSynchronize");
@@ -108,6 +110,7 @@ const DriverApi* driver_api(std::string& why_not) {
 }
 
 constexpr CUresult kOutOfMemory = 2;  // CUDA_ERROR_OUT_OF_MEMORY
+constexpr int kComputeCapabilityMajor = 75, kComputeCapabilityMinor = 76;  // CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_*
 
 // One GPU (a driver ordinal: CUDA_VISIBLE_DEVICES renumbers them) with its primary context, made
 // current on whichever thread uses the device (the server decodes on its own thread).
@@ -119,6 +122,10 @@ public:
         check(api_.cuDeviceGetName(name, sizeof name, device_), "cuDeviceGetName");
         description_ = name;
         check(api_.cuDeviceTotalMem(&total_, device_), "cuDeviceTotalMem");
+        int major = 0, minor = 0;
+        check(api_.cuDeviceGetAttribute(&major, kComputeCapabilityMajor, device_), "cuDeviceGetAttribute");
+        check(api_.cuDeviceGetAttribute(&minor, kComputeCapabilityMinor, device_), "cuDeviceGetAttribute");
+        compute_capability_ = major * 10 + minor;
         check(api_.cuDevicePrimaryCtxRetain(&ctx_, device_), "cuDevicePrimaryCtxRetain");
         bind();
         check(api_.cuModuleLoadData(&module_, llm_cuda_fatbin), "cuModuleLoadData (no kernels for this GPU's architecture?)");
@@ -126,6 +133,7 @@ public:
     std::string name() const override { return name_; }
     std::string description() const override { return description_; }
     size_t total_bytes() const override { return total_; }
+    int compute_capability() const override { return compute_capability_; }
     size_t free_bytes() const override {
         bind();
         size_t free_bytes = 0, total = 0;
@@ -167,6 +175,7 @@ private:
     const DriverApi& api_;
     std::string name_, description_;
     size_t total_ = 0;
+    int compute_capability_ = 0;
     CUdevice device_ = 0;
     CUcontext ctx_ = nullptr;
     CUmodule module_ = nullptr;

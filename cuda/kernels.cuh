@@ -1,9 +1,10 @@
 // kernels.cuh - every kernel, and the list of the untyped ones by name (the typed ones are named by
 // LLM_FOR_EACH_WEIGHT_TYPE / _DP4A_TYPE / _Q8_K_TYPE / _KV_TYPE / _KV_PAIR):
-// what a host looks up.
+// what a host looks up. The tensor-core matmul_mma_* exist from sm_80 on.
 #pragma once
 #include "matvec.cuh"
 #include "matmul.cuh"
+#include "mma.cuh"  // sm_80 and up
 #include "ops.cuh"
 #include "attention.cuh"
 #include "moe.cuh"

@@ -53,12 +53,20 @@ __device__ void matmul_dp4a(const uint8_t* W, size_t row_bytes, const Act* X, fl
     LLM_KERNEL void matmul_##name(const uint8_t* W, size_t row_bytes, const float* X, float* Y, int k, int rows, int n_tokens) { \
         matmul_tiled<T>(W, row_bytes, X, Y, k, rows, n_tokens); \
     }
-#define LLM_MATMUL_INT(act, Act, name, T) \
-    LLM_KERNEL void matmul_##act##_##name(const uint8_t* W, size_t row_bytes, const Act* X, float* Y, int k, int rows, int n_tokens) { \
-        matmul_dp4a<T>(W, row_bytes, X, Y, k, rows, n_tokens); \
+// An integer product's kernels `prefix act _name` (as matmul_q8_1_q4_0) and, expert-grouped as
+// matmul_id_* below, `prefix act _id_name`: body<T>(W, row_bytes, X, Y, k, rows, n_tokens) over tiles of
+// `tokens` tokens (blockIdx.y). The dp4a tiles here, the tensor-core ones in mma.cuh.
+#define LLM_MATMUL_INT_KERNELS(prefix, body, tokens, act, Act, name, T) \
+    LLM_KERNEL void prefix##act##_##name(const uint8_t* W, size_t row_bytes, const Act* X, float* Y, int k, int rows, int n_tokens) { \
+        body<T>(W, row_bytes, X, Y, k, rows, n_tokens); \
+    } \
+    LLM_KERNEL void prefix##act##_id_##name(const uint8_t* W, size_t expert_bytes, size_t row_bytes, const Act* x, float* y, int k, int rows, \
+                                            const int* first) { \
+        LLM_EXPERT_ROWS(k / T::block_size); \
+        if (int(blockIdx.y) * (tokens) < count) body<T>(W, row_bytes, x, y, k, rows, count); \
     }
-#define LLM_MATMUL_Q8_1(name, T) LLM_MATMUL_INT(q8_1, BlockQ8_1, name, T)
-#define LLM_MATMUL_Q8_K(name, T) LLM_MATMUL_INT(q8_K, BlockQ8_K, name, T)
+#define LLM_MATMUL_Q8_1(name, T) LLM_MATMUL_INT_KERNELS(matmul_, matmul_dp4a, kTile, q8_1, BlockQ8_1, name, T)
+#define LLM_MATMUL_Q8_K(name, T) LLM_MATMUL_INT_KERNELS(matmul_, matmul_dp4a, kTile, q8_K, BlockQ8_K, name, T)
 LLM_FOR_EACH_FLOAT_TYPE(LLM_MATMUL)
 LLM_FOR_EACH_DP4A_TYPE(LLM_MATMUL_Q8_1)
 LLM_FOR_EACH_Q8_K_TYPE(LLM_MATMUL_Q8_K)
@@ -70,14 +78,4 @@ LLM_FOR_EACH_Q8_K_TYPE(LLM_MATMUL_Q8_K)
         LLM_EXPERT_ROWS(k); \
         if (int(blockIdx.y) * kTile < count) matmul_tiled<T>(W, row_bytes, x, y, k, rows, count); \
     }
-#define LLM_MATMUL_INT_ID(act, Act, name, T) \
-    LLM_KERNEL void matmul_##act##_id_##name(const uint8_t* W, size_t expert_bytes, size_t row_bytes, const Act* x, float* y, int k, int rows, \
-                                             const int* first) { \
-        LLM_EXPERT_ROWS(k / T::block_size); \
-        if (int(blockIdx.y) * kTile < count) matmul_dp4a<T>(W, row_bytes, x, y, k, rows, count); \
-    }
-#define LLM_MATMUL_Q8_1_ID(name, T) LLM_MATMUL_INT_ID(q8_1, BlockQ8_1, name, T)
-#define LLM_MATMUL_Q8_K_ID(name, T) LLM_MATMUL_INT_ID(q8_K, BlockQ8_K, name, T)
 LLM_FOR_EACH_FLOAT_TYPE(LLM_MATMUL_ID)
-LLM_FOR_EACH_DP4A_TYPE(LLM_MATMUL_Q8_1_ID)
-LLM_FOR_EACH_Q8_K_TYPE(LLM_MATMUL_Q8_K_ID)

@@ -40,5 +40,6 @@ constexpr int kMatvecThreads = 256;    // 8 warps
 constexpr int kMatvecRowsPerWarp = 4;  // and one reduction for the 4
 constexpr int kMatvecRowsPerBlock = kMatvecThreads / 32 * kMatvecRowsPerWarp;
 constexpr int kTile = 32, kMatmulThreads = 256;  // matmul: 32 x 32 output tiles
+constexpr int kMmaRows = 64, kMmaTokens = 64, kMmaThreads = 128;  // tensor-core matmul (mma.cuh): 64 x 64 tiles, 4 warps
 constexpr int kAttnThreads = 128;                // attention: 4 (token, head) pairs per block
 constexpr int kAttnMaxHeadDim = 576;  // DeepSeek's latent rows: 512 + 64

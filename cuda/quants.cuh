@@ -84,6 +84,19 @@ __device__ __forceinline__ float signed_absmax(const float* x, int n) {
         if (amax < fabsf(x[j])) amax = fabsf(x[j]), mx = x[j];
     return mx;
 }
+// What the 32-value integer types share (CRTP): each gives its values 4j..4j+3 as four int8 packed in an
+// int, quad(b, j) (offset applied, so they multiply q8_1 quants directly: dp4a here, the tensor cores'
+// int8 tiles in mma.cuh) and, with has_min, its min m(b), which multiplies q8_1's s; d(b) is the scale.
+template <class T> struct Quant32 {
+    static constexpr int block_size = 32;
+    __device__ static float d(const uint8_t* b) { return f16_bits_to_float(load_u16(b)); }  // every one starts with d as f16
+    __device__ static float dot_q8_1(const uint8_t* b, const BlockQ8_1* y) {
+        const float r = T::d(b) * f16_bits_to_float(y->d) * dot32_dp4a([&](int j) { return T::quad(b, j); }, y);
+        if constexpr (T::has_min) return r + T::m(b) * f16_bits_to_float(y->s);
+        else return r;
+    }
+};
+
 // A block's 32 4-bit indices l[] packed as ggml stores them (element j low, j + 16 high).
 __device__ __forceinline__ void pack_nibbles32(const uint8_t* l, uint8_t* qs) {
     for (int j = 0; j < 16; j++) qs[j] = uint8_t(l[j] | l[j + 16] << 4);
@@ -91,8 +104,9 @@ __device__ __forceinline__ void pack_nibbles32(const uint8_t* l, uint8_t* qs) {
 
 // quantize(x, block): the KV cache's rounding of 32 values, one thread per block, operation for
 // operation the CPU's quantize_row (llm.hpp section 5) so cache rows are bit-identical.
-struct TypeQ4_0 {
-    static constexpr int block_size = 32, block_bytes = 18;
+struct TypeQ4_0 : Quant32<TypeQ4_0> {
+    static constexpr int block_bytes = 18;
+    static constexpr bool has_min = false;
     __device__ static float value(const uint8_t* b, int i) { return f16_bits_to_float(load_u16(b)) * (nibble32(b + 2, i) - 8); }
     __device__ static void quantize(const float* x, uint8_t* b) {  // d = max / -8, q = x / d + 8.5 truncated
         const float d = signed_absmax(x, 32) / -8, id = d != 0.0f ? 1.0f / d : 0.0f;
@@ -104,43 +118,37 @@ struct TypeQ4_0 {
         *reinterpret_cast<uint16_t*>(b) = float_to_f16_bits(d);
         pack_nibbles32(l, b + 2);
     }
-    __device__ static float dot_q8_1(const uint8_t* b, const BlockQ8_1* y) {
-        const int sum = dot32_dp4a([&](int j) { return minus_offset4(nibbles4(b + 2, j), 8); }, y);
-        return f16_bits_to_float(load_u16(b)) * f16_bits_to_float(y->d) * sum;
-    }
+    __device__ static int quad(const uint8_t* b, int j) { return minus_offset4(nibbles4(b + 2, j), 8); }
 };
-struct TypeQ4_1 {
-    static constexpr int block_size = 32, block_bytes = 20;
+struct TypeQ4_1 : Quant32<TypeQ4_1> {
+    static constexpr int block_bytes = 20;
+    static constexpr bool has_min = true;
     __device__ static float value(const uint8_t* b, int i) {
         return f16_bits_to_float(load_u16(b)) * nibble32(b + 4, i) + f16_bits_to_float(load_u16(b + 2));
     }
-    __device__ static float dot_q8_1(const uint8_t* b, const BlockQ8_1* y) {
-        const int sum = dot32_dp4a([&](int j) { return nibbles4(b + 4, j); }, y);
-        return f16_bits_to_float(load_u16(b)) * f16_bits_to_float(y->d) * sum + f16_bits_to_float(load_u16(b + 2)) * f16_bits_to_float(y->s);
-    }
+    __device__ static float m(const uint8_t* b) { return f16_bits_to_float(load_u16(b + 2)); }
+    __device__ static int quad(const uint8_t* b, int j) { return nibbles4(b + 4, j); }
 };
-struct TypeQ5_0 {
-    static constexpr int block_size = 32, block_bytes = 22;
+struct TypeQ5_0 : Quant32<TypeQ5_0> {
+    static constexpr int block_bytes = 22;
+    static constexpr bool has_min = false;
     __device__ static float value(const uint8_t* b, int i) {
         return f16_bits_to_float(load_u16(b)) * ((nibble32(b + 6, i) | bit5(b + 2, i)) - 16);
     }
-    __device__ static float dot_q8_1(const uint8_t* b, const BlockQ8_1* y) {
-        const int sum = dot32_dp4a([&](int j) { return minus_offset4(nibbles4(b + 6, j) | fifth_bits4(b + 2, j), 16); }, y);
-        return f16_bits_to_float(load_u16(b)) * f16_bits_to_float(y->d) * sum;
-    }
+    __device__ static int quad(const uint8_t* b, int j) { return minus_offset4(nibbles4(b + 6, j) | fifth_bits4(b + 2, j), 16); }
 };
-struct TypeQ5_1 {
-    static constexpr int block_size = 32, block_bytes = 24;
+struct TypeQ5_1 : Quant32<TypeQ5_1> {
+    static constexpr int block_bytes = 24;
+    static constexpr bool has_min = true;
     __device__ static float value(const uint8_t* b, int i) {
         return f16_bits_to_float(load_u16(b)) * (nibble32(b + 8, i) | bit5(b + 4, i)) + f16_bits_to_float(load_u16(b + 2));
     }
-    __device__ static float dot_q8_1(const uint8_t* b, const BlockQ8_1* y) {
-        const int sum = dot32_dp4a([&](int j) { return nibbles4(b + 8, j) | fifth_bits4(b + 4, j); }, y);
-        return f16_bits_to_float(load_u16(b)) * f16_bits_to_float(y->d) * sum + f16_bits_to_float(load_u16(b + 2)) * f16_bits_to_float(y->s);
-    }
+    __device__ static float m(const uint8_t* b) { return f16_bits_to_float(load_u16(b + 2)); }
+    __device__ static int quad(const uint8_t* b, int j) { return nibbles4(b + 8, j) | fifth_bits4(b + 4, j); }
 };
-struct TypeQ8_0 {
-    static constexpr int block_size = 32, block_bytes = 34;
+struct TypeQ8_0 : Quant32<TypeQ8_0> {
+    static constexpr int block_bytes = 34;
+    static constexpr bool has_min = false;
     __device__ static float value(const uint8_t* b, int i) { return f16_bits_to_float(load_u16(b)) * int8_t(b[2 + i]); }
     __device__ static void quantize(const float* x, uint8_t* b) {  // the run-time rounding: id = 127 / amax, half to even
         float amax = 0.0f;
@@ -149,10 +157,7 @@ struct TypeQ8_0 {
         *reinterpret_cast<uint16_t*>(b) = float_to_f16_bits(amax / 127);
         for (int j = 0; j < 32; j++) b[2 + j] = uint8_t(int8_t(rintf(x[j] * id)));
     }
-    __device__ static float dot_q8_1(const uint8_t* b, const BlockQ8_1* y) {
-        const int sum = dot32_dp4a([&](int j) { return load_int_b2(b + 2 + 4 * j); }, y);
-        return f16_bits_to_float(load_u16(b)) * f16_bits_to_float(y->d) * sum;
-    }
+    __device__ static int quad(const uint8_t* b, int j) { return load_int_b2(b + 2 + 4 * j); }
 };
 
 // IQ4_NL's non-linear levels (ggml's kvalues_iq4nl).
@@ -172,8 +177,9 @@ __device__ __forceinline__ int iq4nl_nearest(float x) {
     }
     return x - iq4nl_level(hi - 1) < iq4nl_level(hi) - x ? hi - 1 : hi;
 }
-struct TypeIQ4_NL {
-    static constexpr int block_size = 32, block_bytes = 18;
+struct TypeIQ4_NL : Quant32<TypeIQ4_NL> {
+    static constexpr int block_bytes = 18;
+    static constexpr bool has_min = false;
     __device__ static float value(const uint8_t* b, int i) { return f16_bits_to_float(load_u16(b)) * iq4nl_level(nibble32(b + 2, i)); }
     // ggml's quantize_row_iq4_nl_ref: levels from d = max / -127, then one least-squares refit of d
     // weighted by x^2; a block below GROUP_MAX_EPS is all zero.
@@ -195,14 +201,11 @@ struct TypeIQ4_NL {
         *reinterpret_cast<uint16_t*>(b) = float_to_f16_bits(d);
         pack_nibbles32(l, b + 2);
     }
-    __device__ static float dot_q8_1(const uint8_t* b, const BlockQ8_1* y) {
-        auto quad = [&](int j) {
-            const int idx = nibbles4(b + 2, j);
-            int packed = 0;
-            for (int k = 0; k < 4; k++) packed |= (iq4nl_level(idx >> (8 * k) & 0xF) & 0xFF) << (8 * k);
-            return packed;
-        };
-        return f16_bits_to_float(load_u16(b)) * f16_bits_to_float(y->d) * dot32_dp4a(quad, y);
+    __device__ static int quad(const uint8_t* b, int j) {
+        const int idx = nibbles4(b + 2, j);
+        int packed = 0;
+        for (int k = 0; k < 4; k++) packed |= (iq4nl_level(idx >> (8 * k) & 0xF) & 0xFF) << (8 * k);
+        return packed;
     }
 };
 
@@ -210,7 +213,8 @@ struct TypeIQ4_NL {
 // Each type gives element i's integer quant (offset applied) qint(b, i), the integer scale (and min)
 // of its 16-value sub-block j = i / 16, and the super-block's d (and dmin): value() is
 // d * scale * q - dmin * min, the CPU's dequantization, and dot_q8_K() the integer product with a q8_K
-// activation block (the CPU's vec_dot with the same activation quants) through dp4a.
+// activation block (the CPU's vec_dot with the same activation quants) through dp4a. scale_width is
+// the values per distinct scale (16, or 32 for Q4_K / Q5_K): the span of one tensor-core product (mma.cuh).
 
 // q8_K: the activations of the K-quants' integer products (ggml's block_q8_K: d as a float, 256 int8,
 // the sums of each 16 quants).
@@ -227,15 +231,19 @@ template <class T> __device__ __forceinline__ float kquant_value(const uint8_t* 
     if constexpr (T::has_min) v -= T::dmin(b) * T::min16(b, j);
     return v;
 }
+// Elements i..i+3 (i % 4 == 0) of a K-quant block as four int8 packed in an int (dp4a's and the
+// tensor cores' operand).
+template <class T> __device__ __forceinline__ int kquant_quad(const uint8_t* b, int i) {
+    return int(uint32_t(T::qint(b, i) & 0xFF) | uint32_t(T::qint(b, i + 1) & 0xFF) << 8 | uint32_t(T::qint(b, i + 2) & 0xFF) << 16 |
+               uint32_t(T::qint(b, i + 3) & 0xFF) << 24);
+}
 template <class T> __device__ __forceinline__ float kquant_dot_q8_K(const uint8_t* b, const BlockQ8_K* y) {
     int isum = 0;
     for (int j = 0; j < 16; j++) {
         int sub = 0;
         for (int q = 0; q < 4; q++) {
             const int i = 16 * j + 4 * q;
-            const uint32_t packed = uint32_t(T::qint(b, i) & 0xFF) | uint32_t(T::qint(b, i + 1) & 0xFF) << 8 | uint32_t(T::qint(b, i + 2) & 0xFF) << 16 |
-                                    uint32_t(T::qint(b, i + 3) & 0xFF) << 24;
-            sub = __dp4a(int(packed), *reinterpret_cast<const int*>(y->qs + i), sub);
+            sub = __dp4a(kquant_quad<T>(b, i), *reinterpret_cast<const int*>(y->qs + i), sub);
         }
         isum += T::scale16(b, j) * sub;
     }
@@ -262,7 +270,7 @@ struct KPos {
 };
 
 struct TypeQ2_K : KQuant<TypeQ2_K> {  // scales[16] (scale | min << 4), qs[64], d, dmin
-    static constexpr int block_bytes = 84;
+    static constexpr int scale_width = 16, block_bytes = 84;
     static constexpr bool has_min = true;
     __device__ static float d(const uint8_t* b) { return f16_bits_to_float(load_u16(b + 80)); }
     __device__ static float dmin(const uint8_t* b) { return f16_bits_to_float(load_u16(b + 82)); }
@@ -274,7 +282,7 @@ struct TypeQ2_K : KQuant<TypeQ2_K> {  // scales[16] (scale | min << 4), qs[64], 
     }
 };
 struct TypeQ3_K : KQuant<TypeQ3_K> {  // hmask[32], qs[64], scales[12] (16 six-bit scales + 32), d
-    static constexpr int block_bytes = 110;
+    static constexpr int scale_width = 16, block_bytes = 110;
     static constexpr bool has_min = false;
     __device__ static float d(const uint8_t* b) { return f16_bits_to_float(load_u16(b + 108)); }
     __device__ static float dmin(const uint8_t*) { return 0.0f; }
@@ -305,6 +313,7 @@ __device__ __forceinline__ void scale_min_k4(const uint8_t* q, int j, int* scale
 // What Q4_K and Q5_K share: d, dmin, scales[12] first, one scale and min per 32 values.
 template <class T> struct KQuant45 : KQuant<T> {
     static constexpr bool has_min = true;
+    static constexpr int scale_width = 32;  // values per scale (and min)
     __device__ static float d(const uint8_t* b) { return f16_bits_to_float(load_u16(b)); }
     __device__ static float dmin(const uint8_t* b) { return f16_bits_to_float(load_u16(b + 2)); }
     __device__ static int scale16(const uint8_t* b, int j) {
@@ -329,7 +338,7 @@ struct TypeQ5_K : KQuant45<TypeQ5_K> {  // d, dmin, scales[12], qh[32], qs[128]
     }
 };
 struct TypeQ6_K : KQuant<TypeQ6_K> {  // ql[128], qh[64], scales[16] (int8), d
-    static constexpr int block_bytes = 210;
+    static constexpr int scale_width = 16, block_bytes = 210;
     static constexpr bool has_min = false;
     __device__ static float d(const uint8_t* b) { return f16_bits_to_float(load_u16(b + 208)); }
     __device__ static float dmin(const uint8_t*) { return 0.0f; }

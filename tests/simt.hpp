@@ -5,6 +5,8 @@
 //   __syncthreads()                      a block barrier (threads that have exited no longer count)
 //   __shfl*_sync, __ballot_sync,         warp collectives that wait only for the lanes in their mask
 //   __any_sync, __all_sync, __syncwarp
+//   simt::mma_s8<K>                      the tensor cores' int8 mma.sync (m16n8k32 / m16n8k16), lane by
+//                                        lane in PTX's fragment layout (cuda/mma.cuh calls it)
 // Everything else runs a thread alone until its next collective, so a kernel that reads shared memory
 // another thread wrote without a barrier sees stale data under some order: launches take an Order
 // (forward, reverse, or a seeded shuffle of the block's threads), and tests run kernels in all of them.
@@ -115,13 +117,15 @@ struct Fiber {
 };
 
 // What a warp's lanes deposit at a collective, and who has arrived.
-enum class Op : uint8_t { Shfl, ShflXor, ShflDown, ShflUp, Ballot, Any, All, Sync };
+enum class Op : uint8_t { Shfl, ShflXor, ShflDown, ShflUp, Ballot, Any, All, Sync, Mma };
 struct Warp {
     uint32_t arrived = 0, exited = 0, present = 0;  // lane masks
     uint32_t mask[kWarpSize];
     Op op[kWarpSize];
     uint64_t value[kWarpSize];
     int param[kWarpSize], width[kWarpSize];
+    // mma: each lane's A, B and C fragment registers as PTX distributes them, and its part of D
+    int mma_a[kWarpSize][4], mma_b[kWarpSize][2], mma_c[kWarpSize][4], mma_d[kWarpSize][4];
 };
 
 // One block in flight on a worker: its fibers, warps and barrier.
@@ -214,7 +218,7 @@ inline void run_block(Block& b, const std::vector<int>& order) {
     b.n_alive = b.n_threads;
     b.n_at_barrier = 0;
     b.error.clear();
-    for (Warp& w : b.warps) w = Warp{};
+    for (Warp& w : b.warps) w.arrived = w.exited = w.present = 0;  // the lanes' slots are written before they are read
     for (int i = 0; i < b.n_threads; i++) {
         Fiber& f = b.fibers[i];
         f.state = State::Runnable;
@@ -311,10 +315,34 @@ inline int shuffle_source(Op op, int lane, int param, int width) {
     }
 }
 
+// D = A B + C of mma.sync.aligned.m16n8k{k}.row.col.s32.s8.s8.s32 from the lanes' fragments (PTX ISA,
+// "Matrix Fragments for mma.m16n8k16 / m16n8k32 with integer type"): with g = lane / 4, t = lane % 4,
+// A register r (k / 8 of them) holds A[g + 8 (r % 2)][4t + 16 (r / 2) + 0..3], B register r (k / 16)
+// holds B[4t + 16 r + 0..3][g], and C / D element i (4) is [g + 8 (i / 2)][2t + i % 2]; bytes low to high.
+inline void complete_mma(Warp& w, int k) {
+    int8_t A[16][32], B[32][8];
+    auto byte = [](int reg, int i) { return int8_t(uint32_t(reg) >> (8 * i)); };
+    for (int lane = 0; lane < kWarpSize; lane++) {
+        const int g = lane / 4, t = lane % 4;
+        for (int r = 0; r < k / 8; r++)
+            for (int i = 0; i < 4; i++) A[g + 8 * (r % 2)][4 * t + 16 * (r / 2) + i] = byte(w.mma_a[lane][r], i);
+        for (int r = 0; r < k / 16; r++)
+            for (int i = 0; i < 4; i++) B[4 * t + 16 * r + i][g] = byte(w.mma_b[lane][r], i);
+    }
+    for (int lane = 0; lane < kWarpSize; lane++)
+        for (int i = 0; i < 4; i++) {
+            const int row = lane / 4 + 8 * (i / 2), col = 2 * (lane % 4) + i % 2;
+            uint32_t sum = uint32_t(w.mma_c[lane][i]);  // the hardware's s32 sum wraps
+            for (int j = 0; j < k; j++) sum += uint32_t(int(A[row][j]) * int(B[j][col]));
+            w.mma_d[lane][i] = int(sum);
+        }
+}
+
 // Called by the last lane of `mask` to arrive: computes every member's result and wakes them.
 inline void complete_collective(Block& b, int warp, uint32_t mask) {
     Warp& w = b.warps[warp];
     const int first = __builtin_ctz(mask);
+    if (w.op[first] == Op::Mma) complete_mma(w, w.param[first]);
     uint32_t votes = 0;
     for (int l = 0; l < kWarpSize; l++) if ((mask >> l & 1) && w.value[l]) votes |= 1u << l;
     for (int l = 0; l < kWarpSize; l++) {
@@ -326,7 +354,7 @@ inline void complete_collective(Block& b, int warp, uint32_t mask) {
         case Op::Ballot: f.result = votes & mask; break;
         case Op::Any: f.result = votes != 0; break;
         case Op::All: f.result = votes == mask; break;
-        case Op::Sync: f.result = 0; break;
+        case Op::Sync: case Op::Mma: f.result = 0; break;
         default: {
             const int src = shuffle_source(w.op[l], l, w.param[l], w.width[l]);
             f.result = (mask >> src & 1) ? w.value[src] : w.value[l];
@@ -355,6 +383,21 @@ inline uint64_t collective(Op op, uint32_t mask, uint64_t value, int param = 0, 
     else if (mask & w.exited) throw Error("simt: collective waits for a lane that has exited");
     yield_to_scheduler();
     return f->result;
+}
+
+// One lane's part in the warp's mma.sync m16n8k{K} on int8 (K = 32 or 16): a holds K / 8 registers of
+// A, b K / 16 of B, c and d 4 of the accumulators, in PTX's fragment layout (complete_mma). Every lane
+// of a full warp takes part, as .sync.aligned requires.
+template <int K> void mma_s8(int (&d)[4], const int* a, const int* b, const int (&c)[4]) {
+    static_assert(K == 16 || K == 32, "simt: int8 mma shapes m16n8k16 and m16n8k32");
+    Fiber* f = this_fiber();
+    Warp& w = f->block->warps[f->warp];
+    if (w.present != 0xffffffffu) throw Error("simt: mma.sync needs a full warp of 32 threads");
+    std::memcpy(w.mma_a[f->lane], a, sizeof(int) * K / 8);
+    std::memcpy(w.mma_b[f->lane], b, sizeof(int) * K / 16);
+    std::memcpy(w.mma_c[f->lane], c, sizeof c);
+    collective(Op::Mma, 0xffffffffu, 0, K);
+    std::memcpy(d, w.mma_d[f->lane], sizeof d);
 }
 
 template <class T> uint64_t to_bits(T v) {

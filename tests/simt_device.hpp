@@ -35,7 +35,8 @@ inline const std::map<std::string, Launcher>& kernels() {
 #define LLM_REGISTER(name) t[#name] = launcher(name);
 #define LLM_REGISTER_FLOAT(name, T) LLM_REGISTER(matvec_##name) LLM_REGISTER(matmul_##name) LLM_REGISTER(matvec_id_##name) LLM_REGISTER(matmul_id_##name)
 #define LLM_REGISTER_INT(act, name) \
-    LLM_REGISTER(matvec_##act##_##name) LLM_REGISTER(matvec_##act##_id_##name) LLM_REGISTER(matmul_##act##_##name) LLM_REGISTER(matmul_##act##_id_##name)
+    LLM_REGISTER(matvec_##act##_##name) LLM_REGISTER(matvec_##act##_id_##name) LLM_REGISTER(matmul_##act##_##name) LLM_REGISTER(matmul_##act##_id_##name) \
+    LLM_REGISTER(matmul_mma_##act##_##name) LLM_REGISTER(matmul_mma_##act##_id_##name)
 #define LLM_REGISTER_DP4A(name, T) LLM_REGISTER_INT(q8_1, name)
 #define LLM_REGISTER_Q8_K(name, T) LLM_REGISTER_INT(q8_K, name)
 #define LLM_REGISTER_ROWS(name, T) LLM_REGISTER(get_rows_##name)
@@ -62,10 +63,12 @@ inline const std::map<std::string, Launcher>& kernels() {
 }
 
 // One emulated GPU: "device memory" is host memory, limited to `total` bytes (alloc beyond that throws
-// llm::DeviceMemoryError, as cuMemAlloc's out of memory does in the CUDA driver).
+// llm::DeviceMemoryError, as cuMemAlloc's out of memory does in the CUDA driver); it reports compute
+// capability `cc`, which picks the kernels the backend launches (80 and up: the tensor-core products).
 class EmulatedDevice : public llm_gpu::Device {
 public:
-    EmulatedDevice(int ordinal, size_t total) : name_("CUDA" + std::to_string(ordinal)), total_(total) {}
+    EmulatedDevice(int ordinal, size_t total, int cc) : name_("CUDA" + std::to_string(ordinal)), total_(total), cc_(cc) {}
+    int compute_capability() const override { return cc_; }
     std::string name() const override { return name_; }
     std::string description() const override { return "SIMT emulator"; }
     size_t total_bytes() const override { return total_; }
@@ -95,6 +98,10 @@ public:
     void launch(const char* kernel, llm_gpu::Grid grid, llm_gpu::Grid block, void** args) override {
         auto it = kernels().find(kernel);
         if (it == kernels().end()) throw llm::Error(std::string("emulated device: no kernel ") + kernel);
+        {
+            std::lock_guard<std::mutex> lock(mu_);
+            launches_[kernel]++;
+        }
         try {
             it->second(grid, block, args);
         } catch (const simt::Error& e) {
@@ -102,9 +109,19 @@ public:
         }
     }
 
+    // Launches so far of the kernels whose names start with `prefix` (what tests check a path by).
+    size_t launches(const std::string& prefix) const {
+        std::lock_guard<std::mutex> lock(mu_);
+        size_t n = 0;
+        for (const auto& [name, count] : launches_) n += name.compare(0, prefix.size(), prefix) == 0 ? count : 0;
+        return n;
+    }
+
 private:
     std::string name_;
     size_t total_;
+    int cc_;
+    std::map<std::string, size_t> launches_;
     mutable std::mutex mu_;
     size_t used_ = 0;
     std::map<void*, size_t> sizes_;
@@ -143,19 +160,24 @@ inline size_t env_count(const char* name, size_t fallback) {
 
 // -ngl runs on the emulator from now on, over n_devices emulated GPUs of memory_bytes each (0: from
 // $LLM_EMU_DEVICES, default 1, and $LLM_EMU_MEMORY, bytes or 512M / 8G, default 64G), those CUDA_VISIBLE_DEVICES
-// shows. The devices live as long as the program (contexts may outlive a later registration).
-inline void register_emulator_driver(int n_devices = 0, size_t memory_bytes = 0) {
+// shows, of compute capability cc (0: $LLM_EMU_CC, default 70, a V100: the dp4a products; 80 and up
+// runs prefill on the emulated tensor cores). The devices live as long as the program (contexts may
+// outlive a later registration). Returns the new devices.
+inline std::vector<EmulatedDevice*> register_emulator_driver(int n_devices = 0, size_t memory_bytes = 0, int cc = 0) {
     static std::mutex mu;
     static std::vector<std::unique_ptr<EmulatedDevice>> all;
     if (n_devices <= 0) n_devices = int(std::min<size_t>(16, env_count("LLM_EMU_DEVICES", 1)));
     if (memory_bytes == 0) memory_bytes = env_count("LLM_EMU_MEMORY", size_t(64) << 30);
+    if (cc <= 0) cc = int(std::min<size_t>(1000, env_count("LLM_EMU_CC", 70)));
     std::vector<llm_gpu::Device*> devices;
+    std::vector<EmulatedDevice*> emulated;
     {
         std::lock_guard<std::mutex> lock(mu);
         const std::vector<int> visible = visible_ordinals(n_devices);
         for (size_t i = 0; i < visible.size(); i++) {
-            all.push_back(std::make_unique<EmulatedDevice>(int(i), memory_bytes));
+            all.push_back(std::make_unique<EmulatedDevice>(int(i), memory_bytes, cc));
             devices.push_back(all.back().get());
+            emulated.push_back(all.back().get());
         }
     }
     llm::set_offload_driver(llm_gpu::make_driver(
@@ -165,6 +187,7 @@ inline void register_emulator_driver(int n_devices = 0, size_t memory_bytes = 0)
             return n > 0;
         },
         [devices] { return devices; }));
+    return emulated;
 }
 
 } // namespace simt_gpu

@@ -71,6 +71,34 @@ TEST_CASE("cuda golden: every model and cache type with -ngl 99 on the SIMT emul
     CHECK(n_cases == 55);  // dense: 30 with an f16 cache, 6 with q8_0 / q4_0 / iq4_nl; qwen3moe: 5; deepseek2: 14
 }
 
+// Prefill on emulated tensor cores (compute capability 8.0: the matmul_mma_* kernels of mma.cuh) for
+// every quantized weight type (the -pure models) and the mixed K-quant models, MoE and MLA included.
+TEST_CASE("cuda golden: -ngl 99 prefill on the emulated tensor cores (sm_80) for every quantized type") {
+    struct Restore {  // the default emulated device (sm_70) for the tests after this one
+        ~Restore() { simt_gpu::register_emulator_driver(); }
+    } restore;
+    int n_cases = 0;
+    for (const char* name : {"tiny-llama-Q4_0-pure-kvf16", "tiny-llama-Q4_1-pure-kvf16", "tiny-llama-Q5_0-pure-kvf16", "tiny-llama-Q5_1-pure-kvf16",
+                             "tiny-llama-Q8_0-kvf16", "tiny-llama-IQ4_NL-pure-kvf16", "tiny-llama-Q2_K-pure-kvf16", "tiny-llama-Q3_K-pure-kvf16",
+                             "tiny-llama-Q4_K-pure-kvf16", "tiny-llama-Q5_K-pure-kvf16", "tiny-llama-Q6_K-pure-kvf16", "tiny-llama-Q4_K_M-kvf16",
+                             "tiny-gemma3-Q4_K_M-kvf16", "tiny-qwen3moe-Q4_K_M-kvf16", "tiny-deepseek2-lite-Q4_K_M-kvf16"}) {
+        const golden::GoldenCase c = find_case(name);
+        CAPTURE(c.name);
+        simt_gpu::EmulatedDevice* device = simt_gpu::register_emulator_driver(1, 0, 80).at(0);
+        auto m = load_offloaded(c, 99);
+        const std::vector<int32_t> toks = golden::json_tokens(testutil::read_file(testutil::shared_dir() + "/golden/logits/" + c.name + ".json"));
+        const std::vector<float> ref = golden::reference_logits(c, toks.size() * m->hp.n_vocab);
+        const golden::Agreement a = golden::compare(ref, run_case(c, *m, toks, 64), m->hp.n_vocab);
+        MESSAGE(c.name << " -ngl 99 on sm_80 tensor cores: mean KL " << a.mean_kl << ", max KL " << a.max_kl << ", top-1 " << a.top1 << "; "
+                       << device->launches("matmul_mma_") << " tensor-core launches");
+        check_agreement(c, a);
+        CHECK(device->launches("matmul_mma_") > 0);
+        CHECK(device->launches("matmul_q8_") == 0);  // no quantized product left on the dp4a tiles
+        n_cases++;
+    }
+    CHECK(n_cases == 15);
+}
+
 // Decode (the matvec kernels, attention one query at a time) over the first 24 positions: past
 // gemma3's 16-token window, a few models only (the emulator runs a token's ~40 launches in ~0.1 s).
 TEST_CASE("cuda golden: -ngl 99 token by token on the SIMT emulator") {

@@ -6,6 +6,7 @@
 #include "simt.hpp"
 #include "../cuda/matvec.cuh"
 #include "../cuda/matmul.cuh"
+#include "../cuda/mma.cuh"
 #include "../cuda/ops.cuh"
 #include "../cuda/attention.cuh"
 #include "../cuda/moe.cuh"
@@ -642,7 +643,7 @@ TEST_CASE("cuda kernels: MoE routing (softmax / sigmoid, selection bias, groups,
     }
 }
 
-TEST_CASE("cuda kernels: MoE grouping, expert-grouped products (matvec / dp4a / tiles) and the weighted sum vs per-token experts") {
+TEST_CASE("cuda kernels: MoE grouping, expert-grouped products (matvec / dp4a / tiles / tensor cores) and the weighted sum vs per-token experts") {
     const int n_expert = 6, n_used = 2, k = 256, rows = 40;
     for (int n_tokens : {1, 5, 45}) {  // decode, a few slots (the matvec paths), prefill (tiles: one expert gets 45 > 32 rows)
         CAPTURE(n_tokens);
@@ -679,40 +680,168 @@ TEST_CASE("cuda kernels: MoE grouping, expert-grouped products (matvec / dp4a / 
             const size_t row_bytes = llm::row_bytes(type, k), expert_bytes = row_bytes * rows;
             const dim3 per_row((rows + kMatvecRowsPerBlock - 1) / kMatvecRowsPerBlock, n_tokens, n_expert), tiles((rows + kTile - 1) / kTile, (n_tokens + kTile - 1) / kTile, n_expert);
             const bool matvec = n_tokens <= 8;
-            const dim3 grid = matvec ? per_row : tiles, block(matvec ? kMatvecThreads : kMatmulThreads);
-            std::vector<float> y(size_t(n_tokens) * n_used * rows, NAN);
-            const int* f = first.data();
-            if (type == llm::Type::F16)
-                simt::launch(grid, block, matvec ? matvec_id_f16 : matmul_id_f16, W.data(), expert_bytes, row_bytes, (const float*)gathered.data(), y.data(), k, rows, f);
-            else if (type == llm::Type::Q8_0)
-                simt::launch(grid, block, matvec ? matvec_q8_1_id_q8_0 : matmul_q8_1_id_q8_0, W.data(), expert_bytes, row_bytes, (const BlockQ8_1*)act_q8_1.data(), y.data(), k,
-                             rows, f);
-            else
-                simt::launch(grid, block, matvec ? matvec_q8_K_id_q4_K : matmul_q8_K_id_q4_K, W.data(), expert_bytes, row_bytes, (const BlockQ8_K*)act_q8_K.data(), y.data(), k,
-                             rows, f);
-            std::vector<float> out(size_t(n_tokens) * rows, NAN);
-            simt::launch(dim3(n_tokens), dim3(32), moe_combine, (const float*)y.data(), (const int*)slot.data(), (const float*)weights.data(), out.data(), rows,
-                         n_used);
-            const std::vector<uint8_t> cpu_act = cpu_activations(type, act_q8_1, act_q8_K);
-            const std::vector<float> xa = as_activations(llm::Type::F16, x);  // what the f16 products see
-            const size_t act_row = llm::row_bytes(llm::vec_dot_type(type), k);
-            for (int t = 0; t < n_tokens; t++)
-                for (int r = 0; r < rows; r++) {
-                    double want = 0, magnitude = 0;
-                    for (int j = 0; j < n_used; j++) {
-                        const int e = experts[t * n_used + j], row = e * rows + r;
-                        const std::vector<float> w = cpu_row(type, W, k, row);
-                        // f16: the exact product; quantized: the CPU's vec_dot on the gathered row's activation blocks
-                        double dot = 0;
-                        for (int i = 0; i < k; i++) {
-                            dot += double(w[i]) * xa[size_t(t) * k + i];
-                            magnitude += std::fabs(weights[t * n_used + j] * double(w[i]) * x[size_t(t) * k + i]);
+            // prefill of the quantized types: the dp4a tiles, then the tensor-core ones
+            for (const bool mma : {false, true}) {
+                if (mma && (matvec || type == llm::Type::F16)) continue;
+                CAPTURE(mma);
+                const dim3 mma_tiles((rows + kMmaRows - 1) / kMmaRows, (n_tokens + kMmaTokens - 1) / kMmaTokens, n_expert);
+                const dim3 grid = matvec ? per_row : mma ? mma_tiles : tiles, block(matvec ? kMatvecThreads : mma ? kMmaThreads : kMatmulThreads);
+                std::vector<float> y(size_t(n_tokens) * n_used * rows, NAN);
+                const int* f = first.data();
+                if (mma && type == llm::Type::Q8_0)
+                    simt::launch(grid, block, matmul_mma_q8_1_id_q8_0, W.data(), expert_bytes, row_bytes, (const BlockQ8_1*)act_q8_1.data(), y.data(), k, rows, f);
+                else if (mma)
+                    simt::launch(grid, block, matmul_mma_q8_K_id_q4_K, W.data(), expert_bytes, row_bytes, (const BlockQ8_K*)act_q8_K.data(), y.data(), k, rows, f);
+                else if (type == llm::Type::F16)
+                    simt::launch(grid, block, matvec ? matvec_id_f16 : matmul_id_f16, W.data(), expert_bytes, row_bytes, (const float*)gathered.data(), y.data(), k, rows, f);
+                else if (type == llm::Type::Q8_0)
+                    simt::launch(grid, block, matvec ? matvec_q8_1_id_q8_0 : matmul_q8_1_id_q8_0, W.data(), expert_bytes, row_bytes, (const BlockQ8_1*)act_q8_1.data(), y.data(), k,
+                                 rows, f);
+                else
+                    simt::launch(grid, block, matvec ? matvec_q8_K_id_q4_K : matmul_q8_K_id_q4_K, W.data(), expert_bytes, row_bytes, (const BlockQ8_K*)act_q8_K.data(), y.data(), k,
+                                 rows, f);
+                std::vector<float> out(size_t(n_tokens) * rows, NAN);
+                simt::launch(dim3(n_tokens), dim3(32), moe_combine, (const float*)y.data(), (const int*)slot.data(), (const float*)weights.data(), out.data(), rows,
+                             n_used);
+                const std::vector<uint8_t> cpu_act = cpu_activations(type, act_q8_1, act_q8_K);
+                const std::vector<float> xa = as_activations(llm::Type::F16, x);  // what the f16 products see
+                const size_t act_row = llm::row_bytes(llm::vec_dot_type(type), k);
+                for (int t = 0; t < n_tokens; t++)
+                    for (int r = 0; r < rows; r++) {
+                        double want = 0, magnitude = 0;
+                        for (int j = 0; j < n_used; j++) {
+                            const int e = experts[t * n_used + j], row = e * rows + r;
+                            const std::vector<float> w = cpu_row(type, W, k, row);
+                            // f16: the exact product; quantized: the CPU's vec_dot on the gathered row's activation blocks
+                            double dot = 0;
+                            for (int i = 0; i < k; i++) {
+                                dot += double(w[i]) * xa[size_t(t) * k + i];
+                                magnitude += std::fabs(weights[t * n_used + j] * double(w[i]) * x[size_t(t) * k + i]);
+                            }
+                            if (type != llm::Type::F16) dot = llm::vec_dot(type, k, &W[row * row_bytes], &cpu_act[slot[t * n_used + j] * act_row]);
+                            want += weights[t * n_used + j] * dot;
                         }
-                        if (type != llm::Type::F16) dot = llm::vec_dot(type, k, &W[row * row_bytes], &cpu_act[slot[t * n_used + j] * act_row]);
-                        want += weights[t * n_used + j] * dot;
+                        check_dot(out[size_t(t) * rows + r], want, magnitude, 1e-5);
                     }
-                    check_dot(out[size_t(t) * rows + r], want, magnitude, 1e-5);
-                }
+            }
+        }
+    }
+}
+
+namespace {
+
+// One warp's mma_s8<K> (cuda/mma.cuh, on the emulator's lane-by-lane mma.sync): A (16 x K, row-major),
+// B (K x 8, stored as 8 columns of K) and C (16 x 8) handed out to the lanes as PTX's fragment figures
+// show them, D collected back the same way.
+template <int K> void mma_kernel(const int8_t* A, const int8_t* B, const int* C, int* D) {
+    const int lane = threadIdx.x, g = lane / 4, t = lane % 4;
+    int a[K / 8], b[K / 16], c[4];
+    for (int r = 0; r < K / 8; r++) std::memcpy(&a[r], &A[(g + 8 * (r % 2)) * K + 4 * t + 16 * (r / 2)], 4);
+    for (int r = 0; r < K / 16; r++) std::memcpy(&b[r], &B[g * K + 4 * t + 16 * r], 4);
+    for (int i = 0; i < 4; i++) c[i] = C[(g + 8 * (i / 2)) * 8 + 2 * t + i % 2];
+    mma_s8<K>(c, a, b);
+    for (int i = 0; i < 4; i++) D[(g + 8 * (i / 2)) * 8 + 2 * t + i % 2] = c[i];
+}
+
+template <int K> void check_mma_shape() {
+    CAPTURE(K);
+    std::mt19937 rng(K);
+    std::vector<int8_t> A(16 * K), B(8 * K);
+    std::vector<int> C(16 * 8), D(16 * 8, 0);
+    for (int8_t& v : A) v = int8_t(rng());
+    for (int8_t& v : B) v = int8_t(rng());
+    for (int& v : C) v = int(rng() % 100000) - 50000;
+    A[0] = B[0] = -128;  // the extremes of s8
+    simt::launch(dim3(1), dim3(32), mma_kernel<K>, (const int8_t*)A.data(), (const int8_t*)B.data(), (const int*)C.data(), D.data());
+    for (int i = 0; i < 16; i++)
+        for (int j = 0; j < 8; j++) {
+            int want = C[i * 8 + j];
+            for (int k = 0; k < K; k++) want += A[i * K + k] * B[j * K + k];
+            CHECK(D[i * 8 + j] == want);
+        }
+}
+
+// Lane 6 alone holds A's byte 1 of register `reg` (all other A bytes zero), B all ones: D's row of that
+// A element is all ones, and this lane's D elements say which row that is (the figures' examples).
+template <int K> void single_a_byte_kernel(int reg, int* rows_hit) {
+    int a[K / 8] = {}, b[K / 16], c[4] = {0, 0, 0, 0};
+    for (int& v : b) v = 0x01010101;
+    if (threadIdx.x == 6) a[reg] = 1 << 8;
+    mma_s8<K>(c, a, b);
+    // lane l's c[i] is D[l / 4 + 8 (i / 2)][2 (l % 4) + i % 2]: a hit in c[0] / c[1] is row l / 4, in c[2] / c[3] row l / 4 + 8
+    for (int i = 0; i < 4; i++)
+        if (c[i] == 1) atomicAdd(&rows_hit[threadIdx.x / 4 + 8 * (i / 2)], 1);
+}
+
+} // namespace
+
+TEST_CASE("simt: int8 mma.sync m16n8k32 / m16n8k16 in PTX's fragment layout equals C + A B") {
+    check_mma_shape<32>();
+    check_mma_shape<16>();
+    // PTX ISA figures 84 / 88: lane 6 (groupID 1, threadID_in_group 2) holds A[1][8..11] in a0..a3 and
+    // A[9][8..11] in a4..a7; for m16n8k32 also A[1][24..27] in a8..a11 and A[9][24..27] in a12..a15.
+    const int row_of_reg32[4] = {1, 9, 1, 9};
+    for (int reg = 0; reg < 4; reg++) {
+        CAPTURE(reg);
+        std::vector<int> rows_hit(16, 0);
+        simt::launch(dim3(1), dim3(32), single_a_byte_kernel<32>, reg, rows_hit.data());
+        for (int r = 0; r < 16; r++) CHECK(rows_hit[r] == (r == row_of_reg32[reg] ? 8 : 0));  // the whole row: 8 columns
+    }
+    std::vector<int> rows_hit(16, 0);
+    simt::launch(dim3(1), dim3(32), single_a_byte_kernel<16>, 1, rows_hit.data());
+    for (int r = 0; r < 16; r++) CHECK(rows_hit[r] == (r == 9 ? 8 : 0));
+    // mma.sync needs the whole warp
+    CHECK_THROWS_AS(simt::launch(dim3(1), dim3(16), single_a_byte_kernel<32>, 0, rows_hit.data()), simt::Error);
+}
+
+namespace {
+using MmaQ8_1Kernel = void (*)(const uint8_t*, size_t, const BlockQ8_1*, float*, int, int, int);
+using MmaQ8KKernel = void (*)(const uint8_t*, size_t, const BlockQ8_K*, float*, int, int, int);
+struct MmaKernel {
+    llm::Type type;
+    MmaQ8_1Kernel q8_1;
+    MmaQ8KKernel q8_K;
+};
+#define MMA_Q8_1(name, T) {llm::type_from_name(#name), matmul_mma_q8_1_##name, nullptr},
+#define MMA_Q8_K(name, T) {llm::type_from_name(#name), nullptr, matmul_mma_q8_K_##name},
+const MmaKernel kMmaKernels[] = {LLM_FOR_EACH_DP4A_TYPE(MMA_Q8_1) LLM_FOR_EACH_Q8_K_TYPE(MMA_Q8_K)};
+#undef MMA_Q8_1
+#undef MMA_Q8_K
+} // namespace
+
+// The tensor-core tiles (64 x 64, partial in both directions; k = 288: a round of 8 blocks then one
+// of 1 for the 32-value types) against the CPU's vec_dot on the device's activation blocks.
+TEST_CASE("cuda kernels: tensor-core (mma) matmul of every quantized type vs the CPU's vec_dot, several token counts") {
+    const int rows = 70;
+    CHECK(std::size(kMmaKernels) == 11);
+    for (const MmaKernel& mk : kMmaKernels) {
+        CAPTURE(std::string(llm::type_info(mk.type).name));
+        const int k = mk.q8_K ? 512 : 288;
+        const std::vector<uint8_t> W = random_weights(mk.type, rows, k, 35);
+        const size_t row_bytes = llm::row_bytes(mk.type, k), act_row = llm::row_bytes(llm::vec_dot_type(mk.type), k);
+        std::vector<std::vector<float>> w_rows;
+        for (int r = 0; r < rows; r++) w_rows.push_back(cpu_row(mk.type, W, k, r));
+        for (int n_tokens : {16, 37, 70}) {
+            CAPTURE(n_tokens);
+            const std::vector<float> X = random_floats(size_t(n_tokens) * k, 36 + n_tokens);
+            std::vector<BlockQ8_1> act_q8_1(size_t(n_tokens) * k / 32);
+            std::vector<BlockQ8_K> act_q8_K(size_t(n_tokens) * k / 256);
+            if (mk.q8_K) simt::launch(dim3(unsigned(act_q8_K.size() + 7) / 8), dim3(256), quantize_q8_K, X.data(), act_q8_K.data(), n_tokens * k);
+            else simt::launch(dim3(unsigned(act_q8_1.size() + 7) / 8), dim3(256), quantize_q8_1, X.data(), act_q8_1.data(), n_tokens * k);
+            const std::vector<uint8_t> cpu_act = cpu_activations(mk.type, act_q8_1, act_q8_K);
+            const dim3 grid((rows + kMmaRows - 1) / kMmaRows, (n_tokens + kMmaTokens - 1) / kMmaTokens);
+            for (simt::Order order : kOrders) {
+                if (n_tokens != 37 && order != simt::Order::Shuffle) continue;  // every order once
+                std::vector<float> Y(size_t(n_tokens) * rows, NAN);
+                if (mk.q8_K) simt::launch_ordered(order, 11, grid, dim3(kMmaThreads), mk.q8_K, W.data(), row_bytes, (const BlockQ8_K*)act_q8_K.data(), Y.data(), k, rows, n_tokens);
+                else simt::launch_ordered(order, 11, grid, dim3(kMmaThreads), mk.q8_1, W.data(), row_bytes, (const BlockQ8_1*)act_q8_1.data(), Y.data(), k, rows, n_tokens);
+                for (int t = 0; t < n_tokens; t++)
+                    for (int r = 0; r < rows; r++) {
+                        double magnitude = 0;
+                        for (int i = 0; i < k; i++) magnitude += std::fabs(double(w_rows[r][i]) * X[size_t(t) * k + i]);
+                        check_dot(Y[size_t(t) * rows + r], llm::vec_dot(mk.type, k, &W[r * row_bytes], &cpu_act[t * act_row]), magnitude, 1e-5);
+                    }
+            }
         }
     }
 }
