@@ -36,7 +36,8 @@ BINS := llm-server llm-quantize
 # tests/main.cpp holds doctest's main and the LLM_IMPLEMENTATION translation unit (the heavy one),
 # compiled once; each tests/test_*.cpp is its own object. consumer_*.cpp form a separate program.
 TEST_SRCS  := tests/main.cpp $(filter-out tests/main.cpp tests/consumer_%.cpp,$(wildcard tests/*.cpp))
-TEST_OBJS  := $(TEST_SRCS:%.cpp=$(B)/%.o)
+# The tool-call grammars' unit (and the helpers it logs with) is tested directly too.
+TEST_OBJS  := $(TEST_SRCS:%.cpp=$(B)/%.o) $(B)/server/tools.o $(B)/server/util.o
 CONS_OBJS  := $(B)/tests/consumer_a.o $(B)/tests/consumer_b.o
 
 FUZZ_BINS  := $(patsubst fuzz/%.cpp,$(B)/fuzz/%,$(wildcard fuzz/fuzz_*.cpp))

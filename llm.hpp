@@ -899,7 +899,8 @@ struct SamplerParams {
     std::vector<SamplerStage> samplers = default_sampler_stages();
     std::string grammar;       // GBNF; generated text must be a sentence of its "root" (needs the vocabulary)
     // Lazy grammar (llama-server's grammar_lazy, for tool calls): the generated text is free until one
-    // of these words appears in it; the grammar then starts at that word (the text before it stays free).
+    // of these words appears in it; the grammar then starts at that word (the text before it stays free;
+    // a word may begin at the end of the prompt, the generated text completing it).
     bool grammar_lazy = false;
     std::vector<std::string> grammar_triggers;
     uint64_t seed = 0xFFFFFFFF;  // 0xFFFFFFFF = random
@@ -949,7 +950,8 @@ public:
     // Throws Error when nothing can be sampled (the grammar and logit_bias exclude every token).
     int32_t sample(const float* logits, int n_vocab);
     // Records a token (prompt or generated) for the penalties and DRY; accept_grammar advances the
-    // grammar too (generated tokens; prompt tokens are not part of the grammar's text).
+    // grammar too (generated tokens; prompt tokens are not part of the grammar's text, except the
+    // start of a lazy grammar's trigger word that generated text completes).
     void accept(int32_t token, bool accept_grammar = true);
     void reset();
     // The penalty history can be rolled back (speculative decoding): truncate to n accepted tokens.
@@ -965,6 +967,7 @@ public:
         std::shared_ptr<const Grammar::State> grammar;  // null without a grammar
         bool grammar_waiting = false;                    // a lazy grammar's wait for its trigger
         std::string trigger_tail;
+        size_t trigger_prompt_chars = 0;
     };
     Snapshot snapshot() const;
     void restore(const Snapshot& s);
@@ -12284,12 +12287,18 @@ inline void parse_command_r7b(Parse& p, size_t pos) {
     }
 }
 
-// GPT-OSS harmony: messages "<|start|>assistant<|channel|>C[ to=R]<|message|>body<|end|>"; the
-// prompt opens the first one. analysis is reasoning, final and commentary content, commentary
-// addressed to functions.NAME a call.
+// GPT-OSS harmony: messages "<|start|>assistant<|channel|>C[ to=R]<|message|>body<|end|>" (or with
+// the recipient in the role: "<|start|>assistant to=R<|channel|>C..."); the prompt opens the first
+// one. analysis is reasoning, final and commentary content, commentary addressed to functions.NAME a call.
 inline void parse_harmony(Parse& p, size_t pos) {
+    static const std::string role_recipient = " to=";  // the first message's header may begin so
+    if (p.partial && p.s.size() < role_recipient.size() && role_recipient.compare(0, p.s.size(), p.s) == 0) {
+        p.stop = true;
+        return;
+    }
+    const bool recipient_first = p.s.compare(0, role_recipient.size(), role_recipient) == 0;
     while (!p.stop && pos < p.s.size()) {
-        const bool started = p.take(pos, "<|start|>");
+        const bool started = p.take(pos, "<|start|>") || (pos == 0 && recipient_first);
         if (p.stop) return;
         if (!started && p.s.compare(skip_space(p.s, pos), 11, "<|channel|>") != 0) {  // plain text
             p.content_until(pos, {"<|start|>", "<|channel|>"});
@@ -15353,7 +15362,8 @@ struct Sampler::Chain {
     std::shared_ptr<const Grammar::Rules> grammar;
     Grammar::State grammar_state;
     bool grammar_waiting = false;  // lazy grammar not triggered yet: nothing is constrained
-    std::string trigger_tail;      // generated text kept while waiting: enough to see a trigger word
+    std::string trigger_tail;      // text kept while waiting: enough to see a trigger word
+    size_t trigger_prompt_chars = 0;  // how much of trigger_tail is the prompt's (its words are not triggers)
     std::vector<std::string> pieces;  // token_to_piece(id, true)
     std::vector<int32_t> by_piece;    // non-empty, non-EOG pieces' tokens, sorted by piece
     simpl::Candidates cands;
@@ -15388,30 +15398,48 @@ void Sampler::reset() {
     if (chain_->grammar) chain_->grammar_state = simpl::grammar_initial_state(*chain_->grammar);
     chain_->grammar_waiting = chain_->grammar && p_.grammar_lazy;
     chain_->trigger_tail.clear();
+    chain_->trigger_prompt_chars = 0;
 }
 
-// A lazy grammar's wait: the piece joins the tail of the text; at the first trigger word the grammar
-// starts there and takes the rest of the tail. If that rest does not fit the grammar (the model wrote
-// the word in passing), the wait goes on after it.
-static void watch_triggers(Sampler::Chain& ch, const std::vector<std::string>& triggers, const std::string& piece) {
-    ch.trigger_tail += piece;
-    size_t at = std::string::npos, longest = 0;
+// The first occurrence at or after `from` of any trigger word that ends past the prompt's text in the
+// tail (npos when none).
+static size_t next_trigger(const Sampler::Chain& ch, const std::vector<std::string>& triggers, size_t from) {
+    size_t at = std::string::npos;
     for (const std::string& w : triggers) {
-        longest = std::max(longest, w.size());
-        if (!w.empty()) at = std::min(at, ch.trigger_tail.find(w));
+        if (w.empty()) continue;
+        const size_t past_prompt = ch.trigger_prompt_chars >= w.size() ? ch.trigger_prompt_chars - w.size() + 1 : 0;
+        at = std::min(at, ch.trigger_tail.find(w, std::max(from, past_prompt)));
     }
-    if (at != std::string::npos) {
+    return at;
+}
+
+// A lazy grammar's wait: the piece joins the tail of the text (the prompt's pieces too, so that a word
+// the prompt began, as Functionary's ">>>" or GPT-OSS's "<|start|>assistant", triggers when the model
+// completes it). At the first trigger word in generated text the grammar starts there and takes the
+// rest of the tail; an occurrence whose rest does not fit (the word written in passing) gives way to
+// the next one, in the same piece too, so the grammar starts at the token that completes its word.
+static void watch_triggers(Sampler::Chain& ch, const std::vector<std::string>& triggers, const std::string& piece, bool generated) {
+    ch.trigger_tail += piece;
+    if (!generated) ch.trigger_prompt_chars = ch.trigger_tail.size();
+    for (size_t at = generated ? next_trigger(ch, triggers, 0) : std::string::npos; at != std::string::npos;
+         at = next_trigger(ch, triggers, at + 1)) {
         Grammar::State st = simpl::grammar_initial_state(*ch.grammar);
         if (simpl::feed_text(*ch.grammar, st, ch.trigger_tail.substr(at))) {
             ch.grammar_state = std::move(st);
             ch.grammar_waiting = false;
             ch.trigger_tail.clear();
+            ch.trigger_prompt_chars = 0;
             return;
         }
-        ch.trigger_tail.erase(0, at + 1);
     }
     // only a suffix that may still begin a trigger word matters
-    if (longest > 0 && ch.trigger_tail.size() >= longest) ch.trigger_tail.erase(0, ch.trigger_tail.size() - (longest - 1));
+    size_t longest = 0;
+    for (const std::string& w : triggers) longest = std::max(longest, w.size());
+    if (longest > 0 && ch.trigger_tail.size() >= longest) {
+        const size_t cut = ch.trigger_tail.size() - (longest - 1);
+        ch.trigger_tail.erase(0, cut);
+        ch.trigger_prompt_chars -= std::min(cut, ch.trigger_prompt_chars);
+    }
 }
 
 void Sampler::truncate_history(size_t n) {
@@ -15426,6 +15454,7 @@ Sampler::Snapshot Sampler::snapshot() const {
     if (chain_->grammar) s.grammar = std::make_shared<const Grammar::State>(chain_->grammar_state);
     s.grammar_waiting = chain_->grammar_waiting;
     s.trigger_tail = chain_->trigger_tail;
+    s.trigger_prompt_chars = chain_->trigger_prompt_chars;
     return s;
 }
 
@@ -15437,6 +15466,7 @@ void Sampler::restore(const Snapshot& s) {
     if (s.grammar) chain_->grammar_state = *s.grammar;
     chain_->grammar_waiting = s.grammar_waiting;
     chain_->trigger_tail = s.trigger_tail;
+    chain_->trigger_prompt_chars = s.trigger_prompt_chars;
 }
 
 bool Sampler::grammar_accepts_eog() const {
@@ -15447,11 +15477,12 @@ bool Sampler::grammar_accepts_eog() const {
 
 void Sampler::accept(int32_t token, bool accept_grammar) {
     history_.push_back(token);
-    if (!chain_->grammar || !accept_grammar || vocab_->is_eog(token)) return;
+    if (!chain_->grammar || (accept_grammar && vocab_->is_eog(token))) return;
     if (chain_->grammar_waiting) {
-        if (token >= 0 && (size_t)token < chain_->pieces.size()) watch_triggers(*chain_, p_.grammar_triggers, chain_->pieces[token]);
+        if (token >= 0 && (size_t)token < chain_->pieces.size()) watch_triggers(*chain_, p_.grammar_triggers, chain_->pieces[token], accept_grammar);
         return;
     }
+    if (!accept_grammar) return;
     if (token < 0 || (size_t)token >= chain_->pieces.size() ||
         !simpl::feed_text(*chain_->grammar, chain_->grammar_state, chain_->pieces[token]))
         throw Error("grammar: token " + std::to_string(token) + " does not continue the grammar");

@@ -639,17 +639,22 @@ std::string Api::render_jinja(const json& b, const std::string& body) const {
     const ojson raw = ojson::parse(body);  // parsed before as b, so valid
     ojson req = ojson::object();
     req["messages"] = raw.at("messages");
+    for (ojson& m : req["messages"])
+        if (!chat_.typed_content && m.is_object()) flatten_text_parts(m);
     // OpenAI clients send tool-call arguments as JSON text; templates print them as objects (tojson),
     // so text that parses as an object goes in as one, as llama-server does.
+    const ojson messages_as_sent = req["messages"];
+    bool objects_given = false;
     for (ojson& m : req["messages"]) {
-        if (!chat_.typed_content && m.is_object()) flatten_text_parts(m);
         if (!m.is_object() || !m.contains("tool_calls") || !m["tool_calls"].is_array()) continue;
         for (ojson& call : m["tool_calls"]) {
             ojson* args = call.is_object() && call.contains("function") && call["function"].is_object() && call["function"].contains("arguments")
                               ? &call["function"]["arguments"] : nullptr;
             if (!args || !args->is_string()) continue;
             ojson parsed = ojson::parse(args->get<std::string>(), nullptr, false);
-            if (parsed.is_object()) *args = std::move(parsed);
+            if (!parsed.is_object()) continue;
+            *args = std::move(parsed);
+            objects_given = true;
         }
     }
     if (const json* tools = opt_field(b, "tools")) {
@@ -666,10 +671,19 @@ std::string Api::render_jinja(const json& b, const std::string& body) const {
     const llm::Vocab& v = model_->vocab;
     req["bos_token"] = v.bos() >= 0 ? v.token_to_piece(v.bos(), true) : "";
     req["eos_token"] = v.eos() >= 0 ? v.token_to_piece(v.eos(), true) : "";
+    auto render = [&] { return llm::chat_apply_template(*chat_.jinja, req.dump(-1, ' ', false, ojson::error_handler_t::replace)); };
     try {
-        return llm::chat_apply_template(*chat_.jinja, req.dump(-1, ' ', false, ojson::error_handler_t::replace));
+        return render();
     } catch (const llm::Error& e) {
-        throw ApiError(400, std::string("chat template: ") + e.what());
+        if (!objects_given) throw ApiError(400, std::string("chat template: ") + e.what());
+        // A template that joins the arguments to text (Functionary v3.2) takes them as sent, as
+        // llama-server's template capabilities (requires_object_arguments) have it.
+        req["messages"] = messages_as_sent;
+        try {
+            return render();
+        } catch (const llm::Error&) {
+            throw ApiError(400, std::string("chat template: ") + e.what());
+        }
     }
 }
 
@@ -940,19 +954,26 @@ json Api::oai_logprobs(const std::vector<TokenProb>& probs, const TaskParams& p)
     return p.n_probs > 0 ? json{{"content", probs_json(probs, p.post_sampling_probs)}} : json(nullptr);
 }
 
-// The parsed answer for Anthropic's content blocks: one call without parallel tool calls, every call
-// with an id.
-llm::ChatParsed Api::anthropic_answer(const Generation& g, const std::string& text) const {
+namespace {
+
+// The id a call the model gave none gets in a dialect: Anthropic's tool_use ids, else OpenAI's call ids.
+const char* call_id_prefix(ApiKind k) { return k == ApiKind::Anthropic ? "toolu_" : "call_"; }
+
+}  // namespace
+
+// The parsed answer for Anthropic's content blocks and the Responses API's output items: one call
+// without parallel tool calls, every call with an id.
+llm::ChatParsed Api::dialect_answer(const Generation& g, const std::string& text) const {
     llm::ChatParsed p = llm::chat_parse_output(text, g.parse);
     if (!g.parallel_tool_calls && p.tool_calls.size() > 1) p.tool_calls.resize(1);
     for (llm::ChatToolCall& c : p.tool_calls)
-        if (c.id.empty()) c.id = random_id("toolu_");
+        if (c.id.empty()) c.id = random_id(call_id_prefix(g.kind));
     return p;
 }
 
 json Api::whole_response(const Generation& g, const std::vector<Completion>& done) const {
-    if (g.kind == ApiKind::Anthropic) return anthropic_message(g.id, model_id(), anthropic_answer(g, done[0].content), done[0].final);
-    if (g.kind == ApiKind::Responses) return response_object(g.id, g.message_id, model_id(), done[0].content, done[0].final);
+    if (g.kind == ApiKind::Anthropic) return anthropic_message(g.id, model_id(), dialect_answer(g, done[0].content), done[0].final);
+    if (g.kind == ApiKind::Responses) return response_object(g.id, g.message_id, model_id(), dialect_answer(g, done[0].content), done[0].final);
     if (is_native(g.kind)) {
         json j = json::array();
         for (size_t i = 0; i < done.size(); i++) j.push_back(select_fields(final_completion(done[i], g.p, g.prompts[i / g.n_cmpl], (int)i), g.response_fields));
@@ -1064,21 +1085,22 @@ bool Api::stream_all(const Generation& g, const std::vector<std::shared_ptr<Chan
     // Anthropic's and the Responses API's event sequences keep state across results (one prompt).
     AnthropicStream anthropic(g.id, model_id());
     ResponsesStream responses(g.id, g.message_id, model_id());
-    // Anthropic's tool_use blocks: one call without parallel tool calls, each with an id.
-    auto anthropic_delta = [&](llm::ChatDelta d) {
+    // Anthropic's tool_use blocks and the Responses API's function_call items: one call without
+    // parallel tool calls, each with an id.
+    auto dialect_delta = [&](llm::ChatDelta d) {
         auto excluded = [&](const llm::ChatToolCallDelta& t) { return !g.parallel_tool_calls && t.index > 0; };
         d.tool_calls.erase(std::remove_if(d.tool_calls.begin(), d.tool_calls.end(), excluded), d.tool_calls.end());
         for (llm::ChatToolCallDelta& t : d.tool_calls)
-            if (t.first && t.id.empty()) t.id = random_id("toolu_");
+            if (t.first && t.id.empty()) t.id = random_id(call_id_prefix(g.kind));
         return d;
     };
+    auto dialect_events = [&](auto& stream, const Result& r, llm::ChatOutputParser& parser) {
+        const std::string out = stream.partial(r, dialect_delta(parser.push(r.text)));
+        return r.kind == Result::Final ? out + stream.final(r, dialect_delta(parser.finish())) : out;
+    };
     auto events = [&](const Result& r, int index) {
-        const bool last = r.kind == Result::Final;
-        if (g.kind == ApiKind::Anthropic) {
-            const std::string out = anthropic.partial(r, anthropic_delta(parsers[index]->push(r.text)));
-            return last ? out + anthropic.final(r, anthropic_delta(parsers[index]->finish())) : out;
-        }
-        if (g.kind == ApiKind::Responses) return last ? responses.final(r) : responses.partial(r);
+        if (g.kind == ApiKind::Anthropic) return dialect_events(anthropic, r, *parsers[index]);
+        if (g.kind == ApiKind::Responses) return dialect_events(responses, r, *parsers[index]);
         return stream_events(g, r, index, parsers[index].get());
     };
     for (size_t i = 0; g.kind == ApiKind::OaiChat && i < chs.size(); i++) {  // each choice opens with its role

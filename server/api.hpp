@@ -121,7 +121,7 @@ private:
     json oai_base(const Generation& g, const char* object) const;
     json oai_logprobs(const std::vector<TokenProb>& probs, const TaskParams& p) const;
     json whole_response(const Generation& g, const std::vector<Completion>& done) const;
-    llm::ChatParsed anthropic_answer(const Generation& g, const std::string& text) const;
+    llm::ChatParsed dialect_answer(const Generation& g, const std::string& text) const;
     // parser: the choice's output parser when the chat output is parsed (else null)
     std::string stream_events(const Generation& g, const Result& r, int index, llm::ChatOutputParser* parser) const;
     bool stream_all(const Generation& g, const std::vector<std::shared_ptr<Channel>>& chs, http::Writer& w);

@@ -1,6 +1,7 @@
 // Anthropic Messages and OpenAI Responses (see dialects.hpp).
 #include "dialects.hpp"
 
+#include <algorithm>
 #include <ctime>
 
 #include "util.hpp"
@@ -197,10 +198,31 @@ json output_text_part(const std::string& text) {
     return json{{"type", "output_text"}, {"annotations", json::array()}, {"logprobs", json::array()}, {"text", text}};
 }
 
-json message_item(const std::string& id, const std::string& text) {
-    return json{{"type", "message"}, {"status", "completed"}, {"id", id}, {"role", "assistant"},
-                {"content", json::array({output_text_part(text)})}};
+// The Responses API's output items: done, completed with their text; else in progress and empty, as
+// response.output_item.added announces them.
+const char* item_status(bool done) { return done ? "completed" : "in_progress"; }
+
+json message_item(const std::string& id, const std::string& text, bool done) {
+    return json{{"type", "message"}, {"status", item_status(done)}, {"id", id}, {"role", "assistant"},
+                {"content", done ? json::array({output_text_part(text)}) : json::array()}};
 }
+
+json reasoning_item(const std::string& id, const std::string& text, bool done) {
+    return json{{"type", "reasoning"}, {"status", item_status(done)}, {"id", id}, {"summary", json::array()},
+                {"content", done ? json::array({{{"type", "reasoning_text"}, {"text", text}}}) : json::array()}};
+}
+
+json function_call_item(const std::string& id, const std::string& call_id, const std::string& name, const std::string& arguments, bool done) {
+    return json{{"type", "function_call"}, {"status", item_status(done)}, {"id", id}, {"call_id", call_id}, {"name", name}, {"arguments", arguments}};
+}
+
+// A function_call item's id, "fc_" and the call id's random part (as llama-server derives it).
+std::string function_call_item_id(const std::string& call_id) {
+    return "fc_" + (call_id.rfind("call_", 0) == 0 ? call_id.substr(5) : call_id);
+}
+
+// The reasoning item's id, from the answer's message id ("msg_..." -> "rs_...").
+std::string reasoning_item_id(const std::string& message_id) { return "rs_" + message_id.substr(std::min<size_t>(4, message_id.size())); }
 
 }  // namespace
 
@@ -356,6 +378,11 @@ json responses_to_chat(const json& body) {
         throw ApiError(400, "'input' must be a string or array of objects");
     }
     chat["messages"] = messages;
+    if (body.contains("tool_choice") && body["tool_choice"].is_object()) {  // {"type": "function", "name"}: the chat shape
+        const json& choice = body["tool_choice"];
+        if (text_field(choice, "type") != "function") throw ApiError(400, "'tool_choice' must be 'auto', 'none', 'required' or a function");
+        chat["tool_choice"] = {{"type", "function"}, {"function", {{"name", text_field(choice, "name")}}}};
+    }
     if (body.contains("tools")) {
         json tools = json::array();
         for (json t : array_field(body, "tools")) {
@@ -374,19 +401,63 @@ json responses_to_chat(const json& body) {
     return chat;
 }
 
-json response_object(const std::string& id, const std::string& message_id, const std::string& model, const std::string& text,
+json response_object(const std::string& id, const std::string& message_id, const std::string& model, const llm::ChatParsed& answer,
                      const Result& r) {
     const int64_t now = (int64_t)time(nullptr);
     json output = json::array();
-    if (!text.empty()) output.push_back(message_item(message_id, text));
-    // Parsed tool calls become {"type": "function_call", "call_id", "name", "arguments"} items here.
+    if (!answer.reasoning_content.empty()) output.push_back(reasoning_item(reasoning_item_id(message_id), answer.reasoning_content, true));
+    if (!answer.content.empty()) output.push_back(message_item(message_id, answer.content, true));
+    for (const llm::ChatToolCall& c : answer.tool_calls)
+        output.push_back(function_call_item(function_call_item_id(c.id), c.id, c.name, c.arguments, true));
     return json{{"completed_at", now}, {"created_at", now}, {"id", id},          {"model", model},
                 {"object", "response"}, {"output", output}, {"status", "completed"}, {"usage", response_usage(r)}};
 }
 
-// response.created and response.in_progress first; the message item and its text part are added with
-// the first text.
-std::string ResponsesStream::text_events(const std::string& text) {
+// Closes the open item (if any) and announces the next: output_item.added (a message's text part too).
+std::string ResponsesStream::open_item(Item kind, std::string item_id, std::string call_id, std::string name) {
+    std::string out = close_item();
+    open_ = kind;
+    item_id_ = std::move(item_id);
+    call_id_ = std::move(call_id);
+    name_ = std::move(name);
+    text_.clear();
+    const json item = kind == Item::Reasoning ? reasoning_item(item_id_, "", false)
+                      : kind == Item::Message ? message_item(item_id_, "", false)
+                                              : function_call_item(item_id_, call_id_, name_, "", false);
+    out += sse_event("response.output_item.added", {{"output_index", output_.size()}, {"item", item}});
+    if (kind == Item::Message)
+        out += sse_event("response.content_part.added",
+                         {{"item_id", item_id_}, {"output_index", output_.size()}, {"content_index", 0}, {"part", output_text_part("")}});
+    return out;
+}
+
+// The open item's closing events (its whole text, the done item), the item joining the output.
+std::string ResponsesStream::close_item() {
+    if (open_ == Item::None) return "";
+    std::string out;
+    json item;
+    const size_t index = output_.size();
+    if (open_ == Item::Reasoning) {
+        out += sse_event("response.reasoning_text.done", {{"item_id", item_id_}, {"output_index", index}, {"content_index", 0}, {"text", text_}});
+        item = reasoning_item(item_id_, text_, true);
+    } else if (open_ == Item::Message) {
+        out += sse_event("response.output_text.done", {{"item_id", item_id_}, {"output_index", index}, {"content_index", 0}, {"text", text_}});
+        out += sse_event("response.content_part.done",
+                         {{"item_id", item_id_}, {"output_index", index}, {"content_index", 0}, {"part", output_text_part(text_)}});
+        item = message_item(item_id_, text_, true);
+    } else {
+        out += sse_event("response.function_call_arguments.done", {{"item_id", item_id_}, {"output_index", index}, {"name", name_}, {"arguments", text_}});
+        item = function_call_item(item_id_, call_id_, name_, text_, true);
+    }
+    out += sse_event("response.output_item.done", {{"output_index", index}, {"item", item}});
+    output_.push_back(std::move(item));
+    open_ = Item::None;
+    return out;
+}
+
+// response.created and response.in_progress first; then each kind of delta in its item, opened by its
+// first delta: reasoning, the message's text, and one function_call item per call.
+std::string ResponsesStream::delta_events(const llm::ChatDelta& d) {
     std::string out;
     if (!started_) {
         started_ = true;
@@ -394,34 +465,40 @@ std::string ResponsesStream::text_events(const std::string& text) {
         out += sse_event("response.created", {{"response", resp}});
         out += sse_event("response.in_progress", {{"response", resp}});
     }
-    if (text.empty()) return out;
-    if (!text_open_) {
-        text_open_ = true;
-        out += sse_event("response.output_item.added",
-                         {{"item", {{"content", json::array()}, {"id", message_id_}, {"role", "assistant"}, {"status", "in_progress"}, {"type", "message"}}}});
-        out += sse_event("response.content_part.added", {{"item_id", message_id_}, {"part", {{"type", "output_text"}, {"text", ""}}}});
+    auto delta = [&](const char* event, const std::string& piece, bool text_part) {
+        text_ += piece;
+        json data{{"item_id", item_id_}, {"output_index", output_.size()}, {"delta", piece}};
+        if (text_part) data["content_index"] = 0;
+        out += sse_event(event, std::move(data));
+    };
+    if (!d.reasoning_content.empty()) {
+        if (open_ != Item::Reasoning) out += open_item(Item::Reasoning, reasoning_item_id(message_id_));
+        delta("response.reasoning_text.delta", d.reasoning_content, true);
     }
-    text_ += text;
-    return out + sse_event("response.output_text.delta", {{"item_id", message_id_}, {"delta", text}});
+    if (!d.content.empty()) {
+        if (open_ != Item::Message) {
+            const int n = n_messages_++;
+            out += open_item(Item::Message, n == 0 ? message_id_ : message_id_ + "_" + std::to_string(n));
+        }
+        delta("response.output_text.delta", d.content, true);
+    }
+    for (const llm::ChatToolCallDelta& t : d.tool_calls) {
+        if (t.first) out += open_item(Item::FunctionCall, function_call_item_id(t.id), t.id, t.name);
+        if (!t.arguments.empty() && open_ == Item::FunctionCall) delta("response.function_call_arguments.delta", t.arguments, false);
+    }
+    return out;
 }
 
-std::string ResponsesStream::partial(const Result& r) { return text_events(r.text); }
+std::string ResponsesStream::partial(const Result&, const llm::ChatDelta& d) { return delta_events(d); }
 
-std::string ResponsesStream::final(const Result& r) {
-    std::string out = text_events(r.text);
-    json output = json::array();
-    if (text_open_) {
-        out += sse_event("response.output_text.done", {{"item_id", message_id_}, {"text", text_}});
-        out += sse_event("response.content_part.done", {{"item_id", message_id_}, {"part", output_text_part(text_)}});
-        output.push_back(message_item(message_id_, text_));
-        out += sse_event("response.output_item.done", {{"item", output.back()}});
-    }
+std::string ResponsesStream::final(const Result& r, const llm::ChatDelta& d) {
+    std::string out = delta_events(d) + close_item();
     return out + sse_event("response.completed", {{"response", {{"id", id_},
                                                                  {"object", "response"},
                                                                  {"created_at", (int64_t)time(nullptr)},
                                                                  {"status", "completed"},
                                                                  {"model", model_},
-                                                                 {"output", output},
+                                                                 {"output", output_},
                                                                  {"usage", response_usage(r)}}}});
 }
 

@@ -7,8 +7,8 @@
 // Tool use: requests carrying tools, tool_use / tool_result blocks or function_call items are
 // converted to OpenAI's tools / tool_calls / tool messages (as llama-server does). Anthropic answers
 // carry the parsed answer: thinking, text and tool_use blocks (stop_reason "tool_use"), streamed as
-// thinking_delta, text_delta and input_json_delta events. Responses answers hold text only so far;
-// function_call items are where its tool calls will plug in.
+// thinking_delta, text_delta and input_json_delta events. Responses answers carry reasoning, message
+// and function_call items, streamed as reasoning_text, output_text and function_call_arguments events.
 #pragma once
 #include <string>
 
@@ -56,29 +56,41 @@ private:
 // ---- OpenAI Responses ------------------------------------------------------------------------------
 
 // A Responses request as a chat request: instructions as the system message, input (a string or a
-// list of message / function_call / function_call_output / reasoning items), tools, max_output_tokens
-// as max_tokens; other fields passed through. previous_response_id is refused (400), as llama-server
-// does: this server keeps no conversation state.
+// list of message / function_call / function_call_output / reasoning items), tools in the Responses
+// shape ({"type": "function", "name", "parameters", ...}), tool_choice (a string, or
+// {"type": "function", "name"}), max_output_tokens as max_tokens; other fields passed through.
+// previous_response_id is refused (400), as llama-server does: this server keeps no conversation state.
 nlohmann::json responses_to_chat(const nlohmann::json& body);
 
-// The response object of a finished generation.
+// The response object of a finished generation: the answer's reasoning (a reasoning item), its text
+// (a message item) and its tool calls (function_call items: id "fc_...", call_id the call's id, name,
+// arguments, status), in that order.
 nlohmann::json response_object(const std::string& id, const std::string& message_id, const std::string& model,
-                               const std::string& text, const Result& r);
+                               const llm::ChatParsed& answer, const Result& r);
 
-// The event stream: response.created, response.in_progress, response.output_item.added,
-// response.content_part.added, response.output_text.delta..., response.output_text.done,
-// response.content_part.done, response.output_item.done, response.completed (no [DONE]).
+// The event stream: response.created, response.in_progress, then each output item in turn:
+// response.output_item.added, its deltas (response.reasoning_text.delta; response.content_part.added
+// and response.output_text.delta; response.function_call_arguments.delta), their .done events and
+// response.output_item.done; last response.completed (no [DONE]).
 class ResponsesStream {
 public:
     ResponsesStream(std::string id, std::string message_id, std::string model)
         : id_(std::move(id)), message_id_(std::move(message_id)), model_(std::move(model)) {}
-    std::string partial(const Result& r);
-    std::string final(const Result& r);
+    // The events for what a result made certain of the answer (tool calls' first deltas carry ids).
+    std::string partial(const Result& r, const llm::ChatDelta& d);
+    std::string final(const Result& r, const llm::ChatDelta& d);  // the last of it, the closing events
 
 private:
-    std::string text_events(const std::string& text);
-    std::string id_, message_id_, model_, text_;
-    bool started_ = false, text_open_ = false;
+    enum class Item { None, Reasoning, Message, FunctionCall };
+    std::string delta_events(const llm::ChatDelta& d);
+    std::string open_item(Item kind, std::string item_id, std::string call_id = "", std::string name = "");
+    std::string close_item();
+    std::string id_, message_id_, model_;
+    bool started_ = false;
+    int n_messages_ = 0;  // message items opened (the first has message_id_)
+    Item open_ = Item::None;
+    std::string item_id_, call_id_, name_, text_;  // the open item's; text_: its text or arguments so far
+    nlohmann::json output_ = nlohmann::json::array();  // the closed items
 };
 
 }  // namespace srv

@@ -162,6 +162,8 @@ std::string xml_parameters(const ojson& params, const std::string& prefix, const
 struct CallSyntax {
     std::vector<std::string> triggers;
     std::string open, close, separator;  // GBNF expressions; "" for none
+    bool one_call = false;               // the call's end is an end-of-generation token (GPT-OSS's <|call|>)
+    std::function<std::string(const std::string& name)> named_trigger;  // a call of `name` opens with this word too
     std::function<std::string(const ojson& function, const std::string& prefix, std::string& rules)> call;
 };
 
@@ -178,8 +180,27 @@ std::string arguments_rule(const ojson& function, const std::string& prefix, std
     return schema_rule(parameters_of(function), prefix, "{\"type\": \"object\"}", rules);
 }
 
-// The syntax each format's parser reads (see llm::ToolCallFormat); false for formats without a grammar.
-bool call_syntax(llm::ToolCallFormat format, CallSyntax& out) {
+// GPT-OSS harmony's call: the recipient in the role ("<|start|>assistant to=functions.NAME<|channel|>
+// commentary json<|message|>", as the template writes calls; the prompt writes "<|start|>assistant")
+// or in the channel ("<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>"), as
+// llama.cpp's grammar admits them, the arguments JSON of the tool's schema.
+std::string harmony_call(const ojson& f, const std::string& p, std::string& rules) {
+    const std::string channel = "\"<|channel|>\" (\"commentary\" | \"analysis\")", recipient = literal(" to=functions." + name_of(f));
+    return "\"<|start|>assistant\"? (" + recipient + " " + channel + " | " + channel + " " + recipient +
+           ") \" \"? (\"<|constrain|>\"? \"json\")? \"<|message|>\" " + arguments_rule(f, p, rules);
+}
+
+// The XML formats' call: the name, then each parameter's key and value (Qwen3-Coder, GLM).
+struct XmlCallSyntax {
+    const char *open, *name_end, *key_open, *key_close, *value_end, *close;
+};
+const XmlCallSyntax kQwen3CoderXml{"<tool_call>\n<function=", ">\n", "<parameter=", ">\n", "\n</parameter>\n", "</function>\n</tool_call>"};
+const XmlCallSyntax kGlmXml{"<tool_call>", "\n", "<arg_key>", "</arg_key>\n<arg_value>", "</arg_value>\n", "</tool_call>"};
+
+// The syntax each format's parser reads (see llm::ToolCallFormat) for a lazy grammar, which starts at
+// a trigger word, or a forced one, which starts at the first generated token; false for formats
+// without a grammar.
+bool call_syntax(llm::ToolCallFormat format, bool forced, CallSyntax& out) {
     using F = llm::ToolCallFormat;
     const std::string ws = "[ \\t\\n]{0,24}";  // as the template may indent
     switch (format) {
@@ -240,24 +261,31 @@ bool call_syntax(llm::ToolCallFormat format, CallSyntax& out) {
             };
             return true;
         case F::Qwen3Coder:
+        case F::Glm: {
+            const XmlCallSyntax& xml = format == F::Glm ? kGlmXml : kQwen3CoderXml;
             out.triggers = {"<tool_call>"};
             out.separator = ws;
-            out.call = [](const ojson& f, const std::string& p, std::string& rules) {
-                return literal("<tool_call>\n<function=" + name_of(f) + ">\n") +
-                       xml_parameters(parameters_of(f), p, "<parameter=", ">\n", "\n</parameter>\n", rules) + " \"</function>\\n</tool_call>\"";
+            out.call = [&xml](const ojson& f, const std::string& p, std::string& rules) {
+                return literal(xml.open + name_of(f) + xml.name_end) +
+                       xml_parameters(parameters_of(f), p, xml.key_open, xml.key_close, xml.value_end, rules) + " " + literal(xml.close);
             };
             return true;
-        case F::Glm:
-            out.triggers = {"<tool_call>"};
-            out.separator = ws;
+        }
+        case F::FunctionaryV32:  // the prompt opens the first ">>>": a lazy grammar starts at the word that it or the model began
+            out.open = forced ? "" : "\">>>\"";
+            out.separator = ws + " \">>>\"";
+            out.named_trigger = [](const std::string& name) { return ">>>" + name + "\n"; };
             out.call = [](const ojson& f, const std::string& p, std::string& rules) {
-                return literal("<tool_call>" + name_of(f) + "\n") +
-                       xml_parameters(parameters_of(f), p, "<arg_key>", "</arg_key>\n<arg_value>", "</arg_value>\n", rules) + " \"</tool_call>\"";
+                return literal(name_of(f) + "\n") + " " + arguments_rule(f, p, rules);
             };
+            return true;
+        case F::GptOss:  // a forced call may follow an analysis message (thinking); the lazy one starts at its recipient
+            out.triggers = {"<|start|>assistant to=", "<|channel|>commentary to=", "<|channel|>analysis to="};
+            if (forced) out.open = "(\"<|channel|>analysis<|message|>\" " + text_excluding("<|end|>") + " \"<|end|><|start|>assistant\")?";
+            out.one_call = true;
+            out.call = harmony_call;
             return true;
         case F::None:
-        case F::FunctionaryV32:
-        case F::GptOss:
             return false;
     }
     return false;
@@ -308,23 +336,24 @@ std::string thinking_prefix(const ThinkingSyntax& t) {
 
 ToolGrammar tool_call_grammar(llm::ToolCallFormat format, const ojson& tools, const ToolChoice& choice, const ThinkingSyntax& thinking) {
     ToolGrammar g;
+    g.lazy = choice.mode == ToolChoice::Auto;
     CallSyntax syntax;
-    if (!tools.is_array() || !call_syntax(format, syntax)) return g;
+    if (!tools.is_array() || !call_syntax(format, !g.lazy, syntax)) return g;
     std::string rules, calls;
     size_t n = 0;
     for (const ojson& tool : tools) {
         const ojson& f = function_of(tool);
         if (name_of(f).empty() || (choice.mode == ToolChoice::Function && name_of(f) != choice.function)) continue;
         calls += (n ? " | " : "") + syntax.call(f, "t" + std::to_string(n) + "-", rules);
+        if (syntax.named_trigger) syntax.triggers.push_back(syntax.named_trigger(name_of(f)));
         n++;
     }
     if (n == 0) {
         if (choice.mode == ToolChoice::Function) throw ApiError(400, "tool_choice names '" + choice.function + "', which is not among the tools");
         return g;
     }
-    const std::string more = choice.parallel ? " (" + syntax.separator + " tool-call)*" : "";
+    const std::string more = choice.parallel && !syntax.one_call ? " (" + syntax.separator + " tool-call)*" : "";
     // trailing spaces end the calls too (the model may write a newline before its end token)
-    g.lazy = choice.mode == ToolChoice::Auto;
     g.gbnf = "root ::= " + (g.lazy ? "" : thinking_prefix(thinking)) + syntax.open + " tool-call" + more + " " + syntax.close + " [ \\n]{0,4}\ntool-call ::= " + calls + "\n" + rules;
     g.triggers = syntax.triggers;
     return g;

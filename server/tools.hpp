@@ -26,7 +26,7 @@ struct ThinkingSyntax {
 };
 
 struct ToolGrammar {
-    std::string gbnf;                   // empty: no grammar for this format (GPT-OSS, Functionary v3.2)
+    std::string gbnf;                   // empty: no grammar (no tool-call format, or no tools)
     bool lazy = false;                  // the grammar starts at the first trigger word
     std::vector<std::string> triggers;
 };

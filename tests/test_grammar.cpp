@@ -202,6 +202,83 @@ TEST_CASE("grammar: a lazy grammar leaves the text free until a trigger word, th
     CHECK(llm::Grammar(p.grammar).matches(text.substr(3)));
 }
 
+namespace {
+
+// The token whose piece is exactly `piece`: the lazy-grammar tests build their text from chosen pieces.
+int32_t token_of(const std::string& piece) {
+    const llm::Vocab& v = vocab();
+    for (int32_t id = 0; id < v.n_tokens(); id++)
+        if (v.token_to_piece(id) == piece) return id;
+    FAIL_CHECK("no token's piece is '" << piece << "'");
+    return -1;
+}
+
+// Whether the sampler's next token is constrained: with the logits favouring " hello", it samples a
+// token of the grammar instead (its piece returned).
+std::string next_piece(llm::Sampler& s) {
+    const llm::Vocab& v = vocab();
+    std::vector<float> logits(v.n_tokens(), 0.0f);
+    logits[token_of(" hello")] = 10.0f;
+    return v.token_to_piece(s.sample(logits.data(), (int)logits.size()));
+}
+
+}  // namespace
+
+TEST_CASE("grammar: a lazy grammar starts at the token that completes its trigger word, wherever the word lies in the pieces") {
+    llm::SamplerParams p;
+    p.grammar_lazy = true;
+    p.temperature = 0;
+    auto accept = [](llm::Sampler& s, std::initializer_list<const char*> pieces, bool generated = true) {
+        for (const char* piece : pieces) s.accept(token_of(piece), generated);
+    };
+    auto is_digit = [](const std::string& piece) { return piece.size() == 1 && piece[0] >= '0' && piece[0] <= '9'; };
+    {  // one piece holds the word twice: the first in passing ("[!" is no call), the second opens the call
+        p.grammar = "root ::= \"[\" [0-9]+ \"]\"";
+        p.grammar_triggers = {"["};
+        llm::Sampler s(p, &vocab());
+        accept(s, {"See", " "});
+        CHECK(next_piece(s) == " hello");
+        accept(s, {"[!["});
+        CHECK_FALSE(s.grammar_accepts_eog());
+        CHECK(is_digit(next_piece(s)));
+        accept(s, {"4", "]"});
+        CHECK(s.grammar_accepts_eog());
+    }
+    {  // a word split across pieces, after an occurrence in passing in the same piece ("<call><")
+        p.grammar = "root ::= \"<call>\" [0-9]{2} \"</call>\"";
+        p.grammar_triggers = {"<call>"};
+        llm::Sampler s(p, &vocab());
+        accept(s, {"<", "call", "><", "call"});
+        CHECK(s.grammar_accepts_eog());
+        CHECK(next_piece(s) == " hello");
+        accept(s, {">"});
+        CHECK_FALSE(s.grammar_accepts_eog());
+        CHECK(is_digit(next_piece(s)));
+    }
+    {  // a word the prompt began (Functionary's ">>>") triggers when the generated text completes it;
+       // a word wholly in the prompt ("{") does not
+        p.grammar = "root ::= \">>>get_time\\n\"? \"{\" [0-9] \"}\"";
+        p.grammar_triggers = {">>>get_time\n", "{"};
+        llm::Sampler s(p, &vocab());
+        accept(s, {"Question", "?", "\n", ">>>"}, false);
+        const llm::Sampler::Snapshot before = s.snapshot();
+        accept(s, {"get", "_", "time"});
+        CHECK(s.grammar_accepts_eog());
+        accept(s, {"\n"});
+        CHECK_FALSE(s.grammar_accepts_eog());
+        CHECK(next_piece(s).rfind("{", 0) == 0);
+        s.restore(before);
+        CHECK(s.grammar_accepts_eog());
+        accept(s, {"get", "_", "time", "\n", "{"});
+        CHECK(is_digit(next_piece(s)));
+        llm::Sampler prompt_only(p, &vocab());
+        accept(prompt_only, {">>>", "get", "_", "time", "\n", "{"}, false);
+        accept(prompt_only, {"4"});
+        CHECK(prompt_only.grammar_accepts_eog());
+        CHECK(next_piece(prompt_only) == " hello");
+    }
+}
+
 TEST_CASE("json_schema: the grammar accepts exactly the documents the schema describes") {
     auto accepts = [](const std::string& schema, const std::string& doc) {
         return llm::Grammar(llm::json_schema_to_grammar(schema)).matches(doc);

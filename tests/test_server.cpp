@@ -873,7 +873,31 @@ TEST_CASE("server: tool calling with the openai Python package (SmolLM2 with Qwe
     CHECK_MESSAGE(rc == 0, out);
     CHECK(out.find("ok ") != std::string::npos);
     MESSAGE("anthropic tool use: " << out);
+    // The same on the Responses API: function_call items in and out, whole and streamed.
+    rc = testutil::run("python3 tests/openai_responses_tools.py " + std::to_string(s.port) + " 2>&1", &out);
+    CHECK_MESSAGE(rc == 0, out);
+    CHECK(out.find("ok ") != std::string::npos);
+    MESSAGE("responses tool calls: " << out);
 }
+
+namespace {
+
+// The arguments of the one tool call, of `name`, that a chat request's answer must make (an object).
+json the_one_call_arguments(int port, const json& body, const std::string& name) {
+    Reply r = post(port, "/v1/chat/completions", body);
+    REQUIRE_MESSAGE(r.status == 200, r.body.dump());
+    const json& choice = r.body["choices"][0];
+    CAPTURE(choice.dump());
+    CHECK(choice["finish_reason"] == "tool_calls");
+    REQUIRE((choice["message"].contains("tool_calls") && choice["message"]["tool_calls"].size() == 1));
+    const json& call = choice["message"]["tool_calls"][0]["function"];
+    CHECK(call["name"] == name);
+    const json args = json::parse(call["arguments"].get<std::string>(), nullptr, false);
+    REQUIRE(args.is_object());
+    return args;
+}
+
+}  // namespace
 
 TEST_CASE("server: tool_choice required forces a call in each template's syntax, its arguments valid for the schema") {
     // SmolLM2 knows none of these syntaxes: the grammar alone makes the call, which the format's parser
@@ -893,6 +917,8 @@ TEST_CASE("server: tool_choice required forces a call in each template's syntax,
         {"mistralai-Mistral-Nemo-Instruct-2407.jinja", "mistral"},
         {"CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja", "command-r7b"},
         {"meetkai-functionary-medium-v3.1.jinja", "functionary-v3.1"},
+        {"meetkai-functionary-medium-v3.2.jinja", "functionary-v3.2"},
+        {"openai-gpt-oss-120b.jinja", "gpt-oss"},
         {"Kimi-K2-Instruct.jinja", "kimi-k2"},
         {"deepseek-ai-DeepSeek-V3.1.jinja", "deepseek"},
         {"Qwen3-Coder.jinja", "qwen3-coder"},
@@ -909,21 +935,45 @@ TEST_CASE("server: tool_choice required forces a call in each template's syntax,
                            {"parallel_tool_calls", false},
                            {"max_tokens", 256},  // JSON's spaces may be newlines and indents, bounded
                            {"temperature", 0}};
-        Reply r = post(s.port, "/v1/chat/completions", body);
-        REQUIRE_MESSAGE(r.status == 200, r.body.dump());
-        const json& choice = r.body["choices"][0];
-        CAPTURE(choice.dump());
-        CHECK(choice["finish_reason"] == "tool_calls");
-        REQUIRE((choice["message"].contains("tool_calls") && choice["message"]["tool_calls"].size() == 1));
-        const json& call = choice["message"]["tool_calls"][0]["function"];
-        CHECK(call["name"] == "get_forecast");
-        const json args = json::parse(call["arguments"].get<std::string>(), nullptr, false);
-        REQUIRE(args.is_object());
+        const json args = the_one_call_arguments(s.port, body, "get_forecast");
         CHECK((args["city"] == "Paris" || args["city"] == "London" || args["city"] == "Tokyo"));
         CHECK(args["days"].is_number_integer());
         CHECK((!args.contains("hourly") || args["hourly"].is_boolean()));
         for (const auto& [key, value] : args.items()) CHECK((key == "city" || key == "days" || key == "hourly"));
     }
+}
+
+TEST_CASE("server: tool_choice auto: the lazy grammar starts at the call the model opens after the prompt's >>> (Functionary v3.2)") {
+    // The history shows a call (its arguments as text, which this template joins to its ">>>name\n"),
+    // so the greedy model opens another one for the new city right at the prompt's ">>>": the trigger
+    // word ">>>get_weather\n" begun by the prompt. The tool declares a second required parameter the
+    // history never shows: only the grammar writes it. (GPT-OSS's triggers: tests/test_tool_grammar.cpp;
+    // SmolLM2 does not write harmony by itself.)
+    const json tool = {{"type", "function"},
+                       {"function", {{"name", "get_weather"},
+                                     {"description", "The weather of a city"},
+                                     {"parameters", {{"type", "object"},
+                                                     {"properties", {{"location", {{"type", "string"}, {"maxLength", 16}}},
+                                                                     {"unit_system", {{"enum", {"metric", "imperial"}}}}}},
+                                                     {"required", {"location", "unit_system"}}}}}}};
+    const json messages = json::array(
+        {{{"role", "user"}, {"content", "What is the weather in Paris?"}},
+         {{"role", "assistant"},
+          {"content", nullptr},
+          {"tool_calls", json::array({{{"id", "call_1"}, {"type", "function"},
+                                       {"function", {{"name", "get_weather"}, {"arguments", "{\"location\": \"Paris\"}"}}}}})}},
+         {{"role", "tool"}, {"tool_call_id", "call_1"}, {"content", "{\"temperature\": 20}"}},
+         {{"role", "user"}, {"content", "What is the weather in London?"}}});
+    ServerProcess s(server_cmd({"-np", "1", "-c", "2048", "--chat-template-file",
+                                testutil::shared_dir() + "/chat/jinja/templates/meetkai-functionary-medium-v3.2.jinja"}));
+    Reply t = post(s.port, "/apply-template", {{"messages", messages}});
+    REQUIRE(t.status == 200);
+    CHECK(t.body["prompt"].get<std::string>().find(">>>get_weather\n{\"location\": \"Paris\"}<|eot_id|>") != std::string::npos);
+    const json body = {{"messages", messages}, {"tools", json::array({tool})}, {"parallel_tool_calls", false}, {"max_tokens", 64}, {"temperature", 0}};
+    const json args = the_one_call_arguments(s.port, body, "get_weather");
+    CHECK(args["location"] == "London");
+    CHECK((args["unit_system"] == "metric" || args["unit_system"] == "imperial"));
+    CHECK(args.size() == 2);
 }
 
 TEST_CASE("server: --reasoning-budget ends the thinking after exactly N tokens; reasoning_content is split off") {

@@ -91,6 +91,9 @@ const OutputCase kOutputs[] = {
     {"gpt-oss: analysis then final", F::GptOss, false,
      "<|channel|>analysis<|message|>Simple greeting.<|end|><|start|>assistant<|channel|>final<|message|>Hi there!<|return|>", "Hi there!",
      "Simple greeting.", {}},
+    {"gpt-oss: the recipient in the role the prompt opened, as the template writes calls", F::GptOss, false,
+     " to=functions.get_weather<|channel|>commentary json<|message|>{\"location\":\"Paris\"}<|call|>", "", "",
+     {{"get_weather", "{\"location\":\"Paris\"}", ""}}},
     {"kimi k2: section of calls with ids", F::KimiK2, false,
      "Checking.<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>{\"location\": \"Paris\"}"
      "<|tool_call_end|><|tool_call_begin|>functions.get_time:1<|tool_call_argument_begin|>{}<|tool_call_end|><|tool_calls_section_end|>",
