@@ -1300,12 +1300,16 @@ struct block_q4_1_x16 { uint16_t d[16], m[16]; uint8_t qs[4][64]; };
 struct block_q5_0_x16 { uint16_t d[16]; uint64_t qh[8]; uint8_t qs[4][64]; };
 struct block_q5_1_x16 { uint16_t d[16], m[16]; uint64_t qh[8]; uint8_t qs[4][64]; };
 struct block_q8_0_x16 { uint16_t d[16]; uint8_t qs[8][64]; };
+// BF16, 32-value blocks of 16 rows: line p holds values 2p, 2p + 1 of each row (row r at bytes 4r..4r+3),
+// as TDPBF16PS and vdpbf16ps take their weight operand.
+struct block_bf16_x16 { uint16_t v[16][16][2]; };
 static_assert(sizeof(block_q4_K_x16) == 16 * sizeof(block_q4_K) && sizeof(block_q5_K_x16) == 16 * sizeof(block_q5_K) &&
               sizeof(block_q6_K_x16) == 16 * sizeof(block_q6_K) && sizeof(block_q3_K_x16) == 16 * sizeof(block_q3_K) &&
               sizeof(block_q2_K_x16) == 16 * sizeof(block_q2_K) &&
               sizeof(block_q4_0_x16) == 16 * sizeof(block_q4_0) &&
               sizeof(block_q4_1_x16) == 16 * sizeof(block_q4_1) && sizeof(block_q5_0_x16) == 16 * sizeof(block_q5_0) &&
-              sizeof(block_q5_1_x16) == 16 * sizeof(block_q5_1) && sizeof(block_q8_0_x16) == 16 * sizeof(block_q8_0),
+              sizeof(block_q5_1_x16) == 16 * sizeof(block_q5_1) && sizeof(block_q8_0_x16) == 16 * sizeof(block_q8_0) &&
+              sizeof(block_bf16_x16) == 16 * 32 * sizeof(uint16_t),
               "an interleaved group keeps its rows' bytes");
 
 constexpr int8_t kIQ4NLValues[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
@@ -3897,6 +3901,69 @@ struct RowsK16 {
     }
 };
 #endif
+
+// ---- BF16 weights interleaved (block_bf16_x16) and their vdpbf16ps tiles (AVX512-BF16) -----------
+// The activations are bf16 already (vec_dot_type), so every product is the row kernels' (exact in
+// f32); only the order of the f32 sums differs, and bf16 subnormals count as zero. Without
+// AVX512-BF16 there is no BF16 layout: the weights keep the file's rows and the FMA row kernels.
+// Calls fn(offset in the rows, offset in the group) for each row's value pair of k values (k % 32 == 0).
+template <class Fn>
+inline void for_bf16_pairs(size_t row_stride, int64_t k, Fn fn) {
+    for (int r = 0; r < kInterleaveRows; r++)
+        for (int64_t b = 0; b < k / 32; b++)
+            for (int p = 0; p < 16; p++) fn(r * row_stride + 64 * b + 4 * p, b * sizeof(block_bf16_x16) + 64 * p + 4 * r);
+}
+inline void interleave_bf16(const uint8_t* rows, size_t row_stride, int64_t k, uint8_t* group) {
+    for_bf16_pairs(row_stride, k, [&](size_t in_rows, size_t in_group) { memcpy(group + in_group, rows + in_rows, 4); });
+}
+inline void deinterleave_bf16(const uint8_t* group, int64_t k, uint8_t* rows, size_t row_stride) {
+    for_bf16_pairs(row_stride, k, [&](size_t in_rows, size_t in_group) { memcpy(rows + in_rows, group + in_group, 4); });
+}
+// cpuid.(7, 1):EAX[5], AVX512_BF16, on top of the AVX-512 tier (the OS saves the ZMM state).
+inline bool avx512_bf16() {
+#ifdef LLM_X86
+    static const bool has = [] {
+        uint32_t a, b, c, d;
+        __asm__ __volatile__("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(0), "c"(0));
+        if (a < 7 || !cpu().avx512) return false;
+        __asm__ __volatile__("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(7), "c"(0));
+        if (a < 1) return false;  // no subleaf 1
+        __asm__ __volatile__("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(7), "c"(1));
+        return (a >> 5 & 1) != 0;
+    }();
+    return has;
+#else
+    return false;
+#endif
+}
+#ifdef LLM_X86
+#define LLM_AVX512BF16_FN __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
+LLM_AVX512_WARNINGS_OFF
+// 16 rows times NC bf16 columns: each line against the column's value pair, broadcast (vdpbf16ps: two
+// products per lane); even and odd lines in separate sums, so each column has two fma chains.
+template <int NC>
+LLM_AVX512BF16_FN void tile16_bf16(int64_t k, const uint8_t* W, const uint8_t* A, size_t as, const float*, int64_t,
+                                   const int32_t*, float* out, int64_t ld) {
+    const block_bf16_x16* x = (const block_bf16_x16*)W;
+    __m512 acc[2][NC];
+    for (int h = 0; h < 2; h++)
+        for (int c = 0; c < NC; c++) acc[h][c] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < k / 32; b++) {
+        prefetch_ahead<sizeof(block_bf16_x16)>(&x[b]);
+#pragma GCC unroll 16
+        for (int p = 0; p < 16; p++) {
+            const __m512bh w = (__m512bh)_mm512_loadu_si512(x[b].v[p]);
+#pragma GCC unroll 8
+            for (int c = 0; c < NC; c++) {
+                const __m512bh y = (__m512bh)_mm512_set1_epi32((int)load_u32(A + c * as + 64 * b + 4 * p));
+                acc[p & 1][c] = _mm512_dpbf16_ps(acc[p & 1][c], w, y);
+            }
+        }
+    }
+    for (int c = 0; c < NC; c++) _mm512_storeu_ps(out + c * ld, _mm512_add_ps(acc[0][c], acc[1][c]));
+}
+LLM_AVX512_WARNINGS_ON
+#endif
 // out[c * ld + r] for the 16 rows of the group at W and NC columns; S / ysum: see tile16_b32.
 using Tile16Fn = void (*)(int64_t k, const uint8_t* W, const uint8_t* A, size_t as, const float* S, int64_t ss,
                           const int32_t* ysum, float* out, int64_t ld);
@@ -3943,7 +4010,16 @@ InterleavedType interleaved_k16() {
             {}, {}};
 #endif
 }
+// BF16's layout and tiles where the CPU has vdpbf16ps; elsewhere the layout only (no tiles: not used).
+inline InterleavedType interleaved_bf16() {
+#ifdef LLM_X86
+    if (avx512_bf16())
+        return {false, interleave_bf16, deinterleave_bf16, {tile16_bf16<1>, tile16_bf16<2>, tile16_bf16<4>, tile16_bf16<8>}, {}};
+#endif
+    return {false, interleave_bf16, deinterleave_bf16, {}, {}};
+}
 inline const InterleavedType* interleaved_type(Type t) {
+    static const InterleavedType bf16 = interleaved_bf16();
     static const InterleavedType q4_K = interleaved_q45_K<block_q4_K, block_q4_K_x16>();
     static const InterleavedType q5_K = interleaved_q45_K<block_q5_K, block_q5_K_x16>();
     static const InterleavedType q6_K = interleaved_k16<block_q6_K, block_q6_K_x16, interleave_q6_K, deinterleave_q6_K>();
@@ -3967,6 +4043,7 @@ inline const InterleavedType* interleaved_type(Type t) {
     case Type::Q5_1: return &q5_1;
     case Type::Q8_0: return &q8_0;
     case Type::IQ4_NL: return &iq4_nl;
+    case Type::BF16: return &bf16;
     default: return nullptr;
     }
 }
@@ -4178,6 +4255,66 @@ LLM_AMX_FN void amx16_k16(int64_t k, const uint8_t* W, const uint8_t* A, size_t 
     for (int c = 0; c < NC; c++) _mm512_storeu_ps(out + c * ld, _mm512_sub_ps(acc[c], accm[c]));
 }
 LLM_AVX512_WARNINGS_ON
+
+#define LLM_AMXBF16_FN \
+    __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,amx-tile,amx-int8,amx-bf16")))
+#define LLM_AMXBF16_INLINE \
+    __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,amx-tile,amx-int8,amx-bf16"), always_inline)) inline
+// cpuid.(7, 0):EDX[22], AMX-BF16 (the tile state itself: amx_granted).
+inline bool amx_bf16() {
+    uint32_t a, b, c, d;
+    __asm__ __volatile__("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(7), "c"(0));
+    return (d >> 22 & 1) != 0;
+}
+// BF16 (block_bf16_x16, see tile16_bf16): one TDPBF16PS per 32-value block and 16 columns (the bf16
+// activations in place, as A), summed in f32 in the C tiles over the whole row and stored straight
+// into the output, whose column stride is the C tile's. Up to four column tiles share each B tile
+// (every tile 16 rows of 64 bytes: A in 0, 1, 3, B in 2, C in 4..7); the fourth reuses A tile 0.
+enum class Bf16TileOp { Zero, Product, Store };
+template <int T, Bf16TileOp Op>
+LLM_AMXBF16_INLINE void amx_bf16_tile(const uint8_t* a, size_t as, float* out, int64_t ld) {
+    constexpr bool zero = Op == Bf16TileOp::Zero, product = Op == Bf16TileOp::Product;
+    a += 16 * T * as, out += 16 * T * ld;
+    const long out_stride = (long)(ld * sizeof(float));
+    if constexpr (T == 0) {
+        if constexpr (zero) _tile_zero(4);
+        else if constexpr (product) { _tile_loadd(0, a, (long)as); _tile_dpbf16ps(4, 0, 2); }
+        else _tile_stored(4, out, out_stride);
+    } else if constexpr (T == 1) {
+        if constexpr (zero) _tile_zero(5);
+        else if constexpr (product) { _tile_loadd(1, a, (long)as); _tile_dpbf16ps(5, 1, 2); }
+        else _tile_stored(5, out, out_stride);
+    } else if constexpr (T == 2) {
+        if constexpr (zero) _tile_zero(6);
+        else if constexpr (product) { _tile_loadd(3, a, (long)as); _tile_dpbf16ps(6, 3, 2); }
+        else _tile_stored(6, out, out_stride);
+    } else {
+        if constexpr (zero) _tile_zero(7);
+        else if constexpr (product) { _tile_loadd(0, a, (long)as); _tile_dpbf16ps(7, 0, 2); }
+        else _tile_stored(7, out, out_stride);
+    }
+}
+template <int NT, Bf16TileOp Op>
+LLM_AMXBF16_INLINE void amx_bf16_tiles(const uint8_t* a, size_t as, float* out, int64_t ld) {
+    amx_bf16_tile<0, Op>(a, as, out, ld);
+    if constexpr (NT > 1) amx_bf16_tile<1, Op>(a, as, out, ld);
+    if constexpr (NT > 2) amx_bf16_tile<2, Op>(a, as, out, ld), amx_bf16_tile<3, Op>(a, as, out, ld);
+}
+template <int NT>
+LLM_AMXBF16_FN void amx16_bf16(int64_t k, const uint8_t* W, const uint8_t* A, size_t as, const float*, int64_t, const int32_t*,
+                               float* out, int64_t ld) {
+    static_assert(NT == 1 || NT == 2 || NT == 4, "column tiles");
+    const block_bf16_x16* x = (const block_bf16_x16*)W;
+    TileConfig cfg;
+    for (int t = 0; t < 8; t++) cfg.rows[t] = 16, cfg.colsb[t] = 64;
+    _tile_loadconfig(&cfg);
+    amx_bf16_tiles<NT, Bf16TileOp::Zero>(A, as, out, ld);
+    for (int64_t b = 0; b < k / 32; b++) {
+        _tile_loadd(2, x[b].v, 64);
+        amx_bf16_tiles<NT, Bf16TileOp::Product>(A + 64 * b, as, out, ld);
+    }
+    amx_bf16_tiles<NT, Bf16TileOp::Store>(A, as, out, ld);
+}
 #endif
 
 // Fewer columns go to the vector tiles (measured: see docs/performance.md).
@@ -4197,6 +4334,8 @@ inline const Tile16Fn* amx_tiles(Type t) {
     static const Tile16Fn q6_K[2] = {amx16_k16<I16Q6K, 1>, nullptr};
     static const Tile16Fn q3_K[2] = {amx16_k16<I16Q3K, 1>, nullptr};
     static const Tile16Fn q2_K[2] = {amx16_k16<I16Q2K, 1>, nullptr};
+    static const Tile16Fn bf16[2] = {amx16_bf16<1>, amx16_bf16<2>};
+    static const bool has_bf16 = amx_bf16();
     switch (t) {
     case Type::Q4_0: return q4_0;
     case Type::Q4_1: return q4_1;
@@ -4209,8 +4348,20 @@ inline const Tile16Fn* amx_tiles(Type t) {
     case Type::Q6_K: return q6_K;
     case Type::Q3_K: return q3_K;
     case Type::Q2_K: return q2_K;
+    case Type::BF16: return has_bf16 ? bf16 : nullptr;
     default: return nullptr;
     }
+#else
+    (void)t;
+    return nullptr;
+#endif
+}
+
+// A type's AMX tile for 64 columns, or nullptr (BF16 only: its C tiles hold the sums, so four column
+// tiles fit beside one B tile; measured 1.15-1.5x the 32-column tile, see docs/performance.md).
+inline Tile16Fn amx_tile64(Type t) {
+#if defined(LLM_X86) && defined(__linux__)
+    return t == Type::BF16 && amx_tiles(t) ? amx16_bf16<4> : nullptr;
 #else
     (void)t;
     return nullptr;
@@ -4254,6 +4405,8 @@ void amx_set(bool on) {
 }
 
 namespace qimpl {
+// What k must be a multiple of: the type's block, or BF16's 32-value tile blocks.
+inline int64_t interleave_k_unit(Type t) { return t == Type::BF16 ? 32 : type_info(t).block_size; }
 // The interleaved tiles of the ISA in use: AVX-512 VNNI's, else AVX2's; nullptr on the scalar path.
 inline const Tile16Fn* interleaved_tiles(const InterleavedType& it) {
     const Isa isa = isa_current();
@@ -4265,12 +4418,12 @@ inline const Tile16Fn* interleaved_tiles(const InterleavedType& it) {
 
 bool interleave_supported(Type t, int64_t k, int64_t rows) {
     const qimpl::InterleavedType* it = qimpl::interleaved_type(t);
-    return it && qimpl::interleaved_tiles(*it) && rows % kInterleaveRows == 0 && k % type_info(t).block_size == 0;
+    return it && qimpl::interleaved_tiles(*it) && rows % kInterleaveRows == 0 && k % qimpl::interleave_k_unit(t) == 0;
 }
 
 static const qimpl::InterleavedType& interleaved_or_fail(Type t, int64_t k, int64_t rows) {
     const qimpl::InterleavedType* it = qimpl::interleaved_type(t);
-    if (!it || rows % kInterleaveRows || k % type_info(t).block_size)
+    if (!it || rows % kInterleaveRows || k % qimpl::interleave_k_unit(t))
         fail("cannot interleave %lld rows of %lld %s values", (long long)rows, (long long)k, type_info(t).name);
     return *it;
 }
@@ -4321,8 +4474,9 @@ void matmul_rows_interleaved(Type wt, const uint8_t* W, int64_t k, int64_t r0, i
     const int64_t ss = info->stride;
     const qimpl::Tile16Fn* tiles = qimpl::interleaved_tiles(it);
     const qimpl::Tile16Fn* amx = n_act >= qimpl::kAmxMinColumns && amx_enabled() ? qimpl::amx_tiles(wt) : nullptr;
+    const qimpl::Tile16Fn amx64 = amx ? qimpl::amx_tile64(wt) : nullptr;
     // Per row group, every column (the group's weights stay in L1/L2 across column tiles): AMX's
-    // 32 and 16 columns first, then the vector tiles.
+    // 64 (BF16), 32 and 16 columns first, then the vector tiles.
     for (int64_t g = r0; g < r1; g += kInterleaveRows) {
         int64_t j = 0;
         auto run = [&](qimpl::Tile16Fn tile, int nc) {
@@ -4330,6 +4484,7 @@ void matmul_rows_interleaved(Type wt, const uint8_t* W, int64_t k, int64_t r0, i
                 tile(k, W + g * rb, act + j * act_row_bytes, act_row_bytes, info->scales.data() + j * ss, ss,
                      it.needs_sums ? info->sums.data() + j * (k / QK8_0) : nullptr, out + j * ld_out + g, ld_out);
         };
+        if (amx64) run(amx64, 64);
         if (amx && amx[1]) run(amx[1], 32);
         if (amx) run(amx[0], 16);
         for (int w = 3; w >= 0; w--) run(tiles[w], qimpl::kTileWidths[w]);

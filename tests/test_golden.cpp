@@ -4,7 +4,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
+#include <unistd.h>
 
 #include "../llm.hpp"
 #include "golden.hpp"
@@ -103,5 +105,61 @@ TEST_CASE("golden: interleaved weights (load-time repacking) agree with the row 
             CHECK(a.mean_kl <= 5e-3);
             CHECK(a.top1 >= 0.9);
         }
+    }
+}
+
+// ../shared/golden has no BF16 file: tiny-llama-F16 converted by our quantizer (8-bit mantissas, so a
+// lossy conversion), compared with the F16 reference within the quantized-weight tolerances, and the
+// repacked model (vdpbf16ps tiles, AMX-BF16 tiles from 16 columns where the CPU has them) with the
+// file's rows (FMA row kernels): the same bf16 products, summed in another order.
+TEST_CASE("golden: BF16 weights on the BF16 tiles (tiny-llama converted to BF16)") {
+    const std::string dir = testutil::shared_dir() + "/golden/";
+    const std::string path = "/tmp/llm-test-golden-bf16-" + std::to_string(getpid()) + ".gguf";
+    llm::QuantizeOptions o;
+    o.ftype = llm::file_type_from_name("BF16");
+    o.n_threads = 2;
+    o.verbose = false;
+    llm::quantize_model(dir + "models/tiny-llama-F16.gguf", path, o);
+    llm::ModelOptions rows_only;
+    rows_only.interleave = false;
+    auto packed = llm::Model::load(path), plain = llm::Model::load(path, rows_only);
+    std::remove(path.c_str());
+    const llm::TensorInfo* up = packed->layers[0].ffn_up;
+    REQUIRE(up->type == llm::Type::BF16);
+    CHECK(up->interleaved == llm::interleave_supported(llm::Type::BF16, up->ne[0], up->ne[1]));
+    CHECK(packed->output->interleaved == up->interleaved);
+    const std::string name = "tiny-llama-F16-kvf16";
+    const std::vector<int32_t> toks = json_tokens(testutil::read_file(dir + "logits/" + name + ".json"));
+    const std::string raw = testutil::read_file(dir + "logits/" + name + ".logits.f32");
+    const int n_vocab = packed->hp.n_vocab;
+    REQUIRE(raw.size() == toks.size() * n_vocab * sizeof(float));
+    std::vector<float> ref(toks.size() * n_vocab);
+    memcpy(ref.data(), raw.data(), raw.size());
+    const std::vector<float> rows = run_model(*plain, toks, llm::Type::F16, 64);
+    const Agreement base = compare(ref, rows, n_vocab);
+    MESSAGE("BF16 rows vs the F16 reference: mean KL " << base.mean_kl << ", max KL " << base.max_kl << ", top-1 " << base.top1);
+    // Activations are rounded to bf16 too (8-bit mantissas), so another summation order flips a few of
+    // them by a whole bf16 step: two exact kernels (the scalar and the SIMD row kernels) differ by as
+    // much; the tiles must stay within a few times that spread.
+    const llm::Isa isa = llm::isa_current();
+    llm::isa_set(llm::Isa::Scalar);
+    const Agreement spread = compare(run_model(*plain, toks, llm::Type::F16, 64), rows, n_vocab);
+    llm::isa_set(isa);
+    MESSAGE("BF16 rows, scalar vs " << llm::isa_name(isa) << " kernels: mean KL " << spread.mean_kl << ", top-1 " << spread.top1);
+    CHECK(base.mean_kl <= 5e-3);
+    CHECK(base.max_kl <= 3e-2);
+    CHECK(base.top1 >= 0.90);
+    for (int chunk : {64, 1}) {
+        CAPTURE(chunk);
+        const std::vector<float> ours = run_model(*packed, toks, llm::Type::F16, chunk);
+        const Agreement a = compare(ref, ours, n_vocab), same = compare(rows, ours, n_vocab);
+        MESSAGE("BF16 " << std::string(up->interleaved ? "tiles" : "rows") << " (" << llm::isa_name(llm::isa_current()) << "), chunk " << chunk
+                << ": vs the F16 reference mean KL " << a.mean_kl << ", max KL " << a.max_kl << ", top-1 " << a.top1
+                << "; vs the row kernels mean KL " << same.mean_kl << ", top-1 " << same.top1);
+        CHECK(a.mean_kl <= 5e-3);
+        CHECK(a.max_kl <= 3e-2);
+        CHECK(a.top1 >= 0.90);
+        CHECK(same.mean_kl <= 3 * spread.mean_kl + 1e-5);
+        CHECK(same.top1 >= 0.95);
     }
 }

@@ -513,6 +513,71 @@ TEST_CASE("quants: isa_set rejects what the CPU lacks") {
     CHECK(!llm::isa_name(llm::isa_best()).empty());
 }
 
+// BF16 products are exact in f32 and every kernel sums k of them in f32, in some order: each result is
+// within (k - 1) * 2^-24 * sum |w * a| of the exact sum (recursive summation's bound; no subnormals here).
+TEST_CASE("quants: BF16 tiles (AVX512-BF16 and AMX) within the f32 summation bound of the exact products") {
+    IsaGuard guard;
+    bool amx_was = false;
+    if (llm::amx_available()) llm::isa_set(llm::Isa::AVX512), amx_was = llm::amx_enabled();
+    std::mt19937 rng(23);
+    const int64_t k = 352, rows = 48, cols = 70, ld = rows + 3;  // 11 blocks of 32 values
+    const size_t rb = llm::row_bytes(Type::BF16, k);
+    const std::vector<uint8_t> W = random_rows(rng, Type::BF16, k, rows), A = random_activations(rng, Type::BF16, k, cols);
+    std::vector<float> wf(rows * k), af(cols * k);
+    llm::dequantize_row(Type::BF16, W.data(), wf.data(), rows * k);
+    llm::dequantize_row(Type::BF16, A.data(), af.data(), cols * k);
+    std::vector<uint8_t> packed(W.size()), back(W.size());
+    llm::interleave_rows16(Type::BF16, W.data(), packed.data(), k, rows);
+    llm::deinterleave_rows16(Type::BF16, packed.data(), back.data(), k, rows);
+    CHECK(packed != W);
+    CHECK(back == W);  // lossless
+    std::vector<float> row17(k);
+    llm::dequantize_interleaved_row(Type::BF16, packed.data(), k, 17, row17.data());
+    CHECK(std::equal(row17.begin(), row17.end(), wf.begin() + 17 * k));
+    CHECK_THROWS_AS(llm::interleave_rows16(Type::BF16, W.data(), packed.data(), k - 16, rows), llm::Error);  // k % 32
+    std::vector<double> exact(cols * rows), bound(cols * rows);
+    for (int64_t c = 0; c < cols; c++)
+        for (int64_t r = 0; r < rows; r++) {
+            double sum = 0, mag = 0;
+            for (int64_t e = 0; e < k; e++) sum += (double)wf[r * k + e] * af[c * k + e], mag += std::fabs((double)wf[r * k + e] * af[c * k + e]);
+            exact[c * rows + r] = sum, bound[c * rows + r] = (k - 1) * std::ldexp(1.0, -24) * mag;
+        }
+    for (llm::Isa isa : supported_isas()) {
+        for (bool amx : {false, true}) {
+            if (amx && (isa != llm::Isa::AVX512 || !llm::amx_available())) continue;
+            llm::isa_set(isa);
+            if (llm::amx_available()) llm::amx_set(amx);
+            const std::string tier = llm::isa_name(isa);
+            CAPTURE(tier);
+            const bool fast = llm::interleave_supported(Type::BF16, k, rows);
+            if (isa != llm::Isa::AVX512) CHECK(!fast);  // the layout only where vdpbf16ps is
+            MESSAGE("BF16 interleaved tiles on " << tier << ": " << std::string(fast ? "yes" : "no (the row kernels)"));
+            for (int64_t n_act : {1, 3, 8, 13, 15, 16, 17, 31, 32, 33, 48, 64, 70}) {
+                CAPTURE(n_act);
+                std::vector<float> got(ld * cols, -1.0f);
+                llm::matmul_rows_interleaved(Type::BF16, packed.data(), k, 16, rows, A.data(), rb, n_act, got.data(), ld);
+                size_t outside = 0, touched = 0;
+                double worst = 0;  // the largest error, as a share of its bound
+                for (int64_t j = 0; j < cols; j++)
+                    for (int64_t i = 0; i < ld; i++) {
+                        const float v = got[j * ld + i];
+                        if (j >= n_act || i < 16 || i >= rows) {
+                            touched += v != -1.0f;
+                            continue;
+                        }
+                        const double err = std::fabs(v - exact[j * rows + i]);
+                        outside += err > bound[j * rows + i];
+                        worst = std::max(worst, err / bound[j * rows + i]);
+                    }
+                CHECK(touched == 0);
+                CHECK(outside == 0);
+                if (n_act == cols) MESSAGE(tier << ", " << n_act << " columns: largest error " << worst << " of the bound");
+            }
+        }
+    }
+    if (llm::amx_available()) llm::amx_set(amx_was);
+}
+
 TEST_CASE("quants: AMX tiles equal the AVX-512 VNNI tiles bit for bit") {
     if (!llm::amx_available()) {
         MESSAGE("AMX not available on this CPU/OS: skipped");
