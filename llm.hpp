@@ -3694,12 +3694,15 @@ LLM_AVX2_INLINE __m256i dot_signed(const __m256i* w, const __m256i* w_abs, const
 }
 
 // Each kernel below computes NC columns for the NH halves from h0: with few columns both halves in
-// one pass over the group, with more (whose accumulators fill the 16 registers) a pass per half,
-// the second from cache.
+// one pass over the group (run), with more a pass per half, the second from cache; up to
+// Rows::kGroupMajorColumns columns group-major (run_half: 4-column tiles 1.04-1.18x faster, equal at 8;
+// docs/performance.md, round 10).
 template <class Rows, int NC>
 LLM_AVX2_FN void tile16_avx2(int64_t k, const uint8_t* W, const uint8_t* A, size_t as, const float* S, int64_t ss,
                              const int32_t* ysum, float* out, int64_t ld) {
     if constexpr (NC <= 2) Rows::template run<NC, 2>(k, W, A, as, S, ss, ysum, out, ld, 0);
+    else if constexpr (NC <= Rows::kGroupMajorColumns)
+        for (int h = 0; h < 2; h++) Rows::template run_half<NC>(k, W, A, as, S, ss, ysum, out, ld, h);
     else for (int h = 0; h < 2; h++) Rows::template run<NC, 1>(k, W, A, as, S, ss, ysum, out, ld, h);
 }
 
@@ -3724,11 +3727,83 @@ struct RowsAcc {
 // tile16_b32 on AVX2.
 template <class G, int Offset, bool Table>
 struct RowsB32 {
+    static constexpr int kGroupMajorColumns = 4;
+    static constexpr bool kSigned = Offset == 128;
+    // Four-value group g (0..7) of half h of a block: the values as signed bytes (signed types) or
+    // value + Offset (the others).
+    static LLM_AVX2_INLINE __m256i group_half(const G& B, int g, int h, __m256i table) {
+        __m256i v;
+        if constexpr (kHasBytes<G>) v = _mm256_xor_si256(load256(B.qs[g] + 32 * h), _mm256_set1_epi8((char)0x80));
+        else v = shr_mask(load256(B.qs[g % 4] + 32 * h), 4 * (g / 4), 0x0F);
+        if constexpr (kHasHigh<G>) v = _mm256_or_si256(v, _mm256_and_si256(mask_half(B.qh[g], h), _mm256_set1_epi8(16)));
+        if constexpr (Table) v = _mm256_shuffle_epi8(table, v);
+        return v;
+    }
+    // Rows 8h..8h+7 times NC columns, group-major: each four-value group is unpacked once and
+    // multiplied into every column's int16 run (int32 sum for the signed types) before the next, so
+    // only one group, the columns' runs, sums and float accumulators are live. The same exact block
+    // sums and float steps as run (and the AVX-512 kernel); the min terms of the affine types, a
+    // float sum of their own, in a second short loop over the blocks.
+    template <int NC>
+    static LLM_AVX2_INLINE void run_half(int64_t k, const uint8_t* W, const uint8_t* A, size_t as, const float* S, int64_t ss,
+                                         const int32_t* ysum, float* out, int64_t ld, int h) {
+        using Y = std::conditional_t<kHasMin<G>, block_q8_1, block_q8_0>;
+        constexpr int kRun = safe_run(kHasHigh<G> ? 31 : 15);
+        const int64_t nb = k / 32;
+        const G* x = (const G*)W;
+        const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)kIQ4NLValues));
+        const __m256i ones = _mm256_set1_epi16(1);
+        __m256 acc[NC];
+#pragma GCC unroll 8
+        for (int c = 0; c < NC; c++) acc[c] = _mm256_setzero_ps();
+        for (int64_t b = 0; b < nb; b++) {
+            const G& B = x[b];
+            if (h == 0) prefetch_ahead<sizeof(G)>(&B);
+            const int8_t* yq[NC];
+            __m256i sum[NC], run[NC];
+#pragma GCC unroll 8
+            for (int c = 0; c < NC; c++) yq[c] = ((const Y*)(A + c * as))[b].qs, sum[c] = run[c] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+            for (int g = 0; g < 8; g++) {
+                const __m256i v = group_half(B, g, h, table);
+                const __m256i u = kSigned ? _mm256_abs_epi8(v) : v;
+#pragma GCC unroll 8
+                for (int c = 0; c < NC; c++) {
+                    const __m256i yg = _mm256_set1_epi32((int)load_u32((const uint8_t*)yq[c] + 4 * g));
+                    if constexpr (kSigned) {
+                        sum[c] = _mm256_add_epi32(sum[c], _mm256_madd_epi16(_mm256_maddubs_epi16(u, _mm256_sign_epi8(yg, v)), ones));
+                    } else {
+                        run[c] = _mm256_add_epi16(run[c], _mm256_maddubs_epi16(u, yg));
+                        if ((g + 1) % kRun == 0 || g == 7) {
+                            sum[c] = _mm256_add_epi32(sum[c], _mm256_madd_epi16(run[c], ones));
+                            run[c] = _mm256_setzero_si256();
+                        }
+                    }
+                }
+            }
+            const __m256 dx = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(B.d + 8 * h)));
+#pragma GCC unroll 8
+            for (int c = 0; c < NC; c++) {
+                if constexpr (Offset != 0 && !kSigned) sum[c] = _mm256_sub_epi32(sum[c], _mm256_set1_epi32(Offset * ysum[c * nb + b]));
+                acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[c]), _mm256_mul_ps(dx, _mm256_set1_ps(S[c * ss + b])), acc[c]);
+            }
+        }
+        __m256 mins[NC];
+#pragma GCC unroll 8
+        for (int c = 0; c < NC; c++) mins[c] = _mm256_setzero_ps();
+        if constexpr (kHasMin<G>)
+            for (int64_t b = 0; b < nb; b++) {
+                const __m256 mx = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(x[b].m + 8 * h)));
+#pragma GCC unroll 8
+                for (int c = 0; c < NC; c++) mins[c] = _mm256_fmadd_ps(mx, _mm256_set1_ps(S[c * ss + nb + b]), mins[c]);
+            }
+#pragma GCC unroll 8
+        for (int c = 0; c < NC; c++) _mm256_storeu_ps(out + c * ld + 8 * h, _mm256_add_ps(acc[c], mins[c]));
+    }
     template <int NC, int NH>
     static LLM_AVX2_INLINE void run(int64_t k, const uint8_t* W, const uint8_t* A, size_t as, const float* S, int64_t ss,
                                     const int32_t* ysum, float* out, int64_t ld, int h0) {
         using Y = std::conditional_t<kHasMin<G>, block_q8_1, block_q8_0>;
-        constexpr bool kSigned = Offset == 128;
         const int64_t nb = k / 32;
         const G* x = (const G*)W;
         const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)kIQ4NLValues));
@@ -3781,6 +3856,7 @@ struct RowsB32 {
 // tile16_q45_K on AVX2.
 template <class G>
 struct RowsQ45K {
+    static constexpr int kGroupMajorColumns = 0;
     template <int NC, int NH>
     static LLM_AVX2_INLINE void run(int64_t k, const uint8_t* W, const uint8_t* A, size_t as, const float*, int64_t, const int32_t*,
                                     float* out, int64_t ld, int h0) {
@@ -3844,6 +3920,7 @@ struct RowsQ45K {
 // tile16_k16 on AVX2.
 template <class T>
 struct RowsK16 {
+    static constexpr int kGroupMajorColumns = 0;
     template <int NC, int NH>
     static LLM_AVX2_INLINE void run(int64_t k, const uint8_t* W, const uint8_t* A, size_t as, const float*, int64_t, const int32_t*,
                                     float* out, int64_t ld, int h0) {
