@@ -17,9 +17,9 @@
 //   4. GGUF reader           mmap, bounds-checked parser, split files, metadata access
 //   5. Quantized rows        dequantization, activation/KV quantization, scalar dot products
 //   6. SIMD kernels          run-time dispatch (cpuid + XCR0, $LLM_ISA), AVX2 / AVX-512 tiles, 16-row
-//                            interleaved weights and their AVX-512 VNNI and AVX2 kernels, AMX tile
-//                            products for prefill (6x, arch_prctl-granted), attention scores and
-//                            weighted sums
+//                            interleaved weights and their AVX-512 VNNI and AVX2 kernels, BF16
+//                            weights' vdpbf16ps tiles, AMX tile products for prefill (6x, INT8 and
+//                            BF16, arch_prctl-granted), attention scores and weighted sums
 //   7. Weight quantizers     K-quants and IQ4_NL as llama-quantize writes them
 //   8. GGUF writer           streamed v3 output; its temp file removed on errors, on signals
 //                            (remove_unfinished_outputs) and, for dead processes, by the next writer
