@@ -16,9 +16,9 @@
 //   3. Block layouts         ggml's quantized blocks, byte for byte, the type table, interleaved groups
 //   4. GGUF reader           mmap, bounds-checked parser, split files, metadata access
 //   5. Quantized rows        dequantization, activation/KV quantization, scalar dot products
-//   6. SIMD kernels          run-time dispatch (cpuid + XCR0, $LLM_ISA), AVX2 / AVX-512 tiles, 16-row
-//                            interleaved weights and their AVX-512 VNNI and AVX2 kernels, BF16
-//                            weights' vdpbf16ps tiles, AMX tile products for prefill (6x, INT8 and
+//   6. SIMD kernels          run-time dispatch (cpuid + XCR0, $LLM_ISA), AVX2 / AVX-VNNI / AVX-512 tiles,
+//                            16-row interleaved weights and their AVX-512 VNNI, AVX-VNNI and AVX2 kernels,
+//                            BF16 weights' vdpbf16ps tiles, AMX tile products for prefill (6x, INT8 and
 //                            BF16, arch_prctl-granted), attention scores and weighted sums
 //   7. Weight quantizers     K-quants and IQ4_NL as llama-quantize writes them
 //   8. GGUF writer           streamed v3 output; its temp file removed on errors, on signals
@@ -206,10 +206,13 @@ void matmul_rows(Type wt, const uint8_t* W, size_t w_row_bytes, int64_t k, int64
                  const uint8_t* act, size_t act_row_bytes, int64_t n_act, float* out, int64_t ld_out,
                  const ActInfo* info = nullptr);
 
-// SIMD level used by vec_dot / matmul_rows, chosen once from cpuid + XCR0.
-enum class Isa { Scalar = 0, AVX2 = 1, AVX512 = 2 };
-Isa isa_best();                  // the best instruction set this CPU and OS support
-Isa isa_current();               // the one in use (initially isa_best(), or $LLM_ISA: scalar|avx2|avx512)
+// SIMD level used by vec_dot / matmul_rows, chosen once from cpuid + XCR0. AVXVNNI: the AVX2 kernels
+// with AVX-VNNI's 256-bit vpdpbusd (Alder Lake and newer, Zen 5); not below AVX512 in the sense of a
+// subset (most AVX-512 CPUs lack AVX-VNNI), hence isa_supported.
+enum class Isa { Scalar = 0, AVX2 = 1, AVX512 = 2, AVXVNNI = 3 };
+Isa isa_best();                  // the best instruction set this CPU and OS support (AVX-512 VNNI > AVX-VNNI > AVX-512 > AVX2)
+bool isa_supported(Isa isa);     // by this CPU and OS
+Isa isa_current();               // the one in use (initially isa_best(), or $LLM_ISA: scalar|avx2|avxvnni|avx512|amx)
 void isa_set(Isa isa);           // force one (tests, benchmarks); throws Error if unsupported
 std::string isa_name(Isa isa);   // avx512: "avx512-vnni+amx" while amx_enabled()
 // AMX tile products for prefill, on top of AVX-512 VNNI (Sapphire Rapids and newer): on by default
@@ -2333,9 +2336,10 @@ Type vec_dot_type(Type weight) {
 //
 // The library is built for baseline x86-64; every SIMD function carries a target attribute and is
 // only called after cpuid + xgetbv say the CPU and OS support it. The kernels are written once,
-// as always-inline AVX2 templates, and instantiated inside three wrappers: AVX2, AVX-512 (same
-// 256-bit code, but the compiler may use 32 registers and EVEX encodings) and AVX-512 VNNI
-// (byte dot products via vpdpbusd). Needs <immintrin.h> included at global scope.
+// as always-inline AVX2 templates, and instantiated inside four wrappers: AVX2, AVX-VNNI (the same
+// 256-bit code with VEX-encoded vpdpbusd for the byte products), AVX-512 (same 256-bit code, but
+// the compiler may use 32 registers and EVEX encodings) and AVX-512 VNNI (byte dot products via
+// vpdpbusd). Needs <immintrin.h> included at global scope.
 // ============================================================================================
 
 
@@ -2351,6 +2355,7 @@ struct CpuFeatures {
     bool avx2 = false;     // AVX2 + FMA + F16C, OS saves YMM state
     bool avx512 = false;   // AVX-512 F/BW/VL/DQ, OS saves ZMM state
     bool vnni = false;     // AVX-512 VNNI
+    bool avxvnni = false;  // AVX-VNNI (VEX-encoded vpdpbusd on 256-bit registers)
 };
 
 inline CpuFeatures detect_cpu() {
@@ -2376,6 +2381,8 @@ inline CpuFeatures detect_cpu() {
     f.avx2 = os_ymm && fma && f16c && (b >> 5 & 1);
     f.avx512 = f.avx2 && os_zmm && (b >> 16 & 1) && (b >> 17 & 1) && (b >> 30 & 1) && (b >> 31 & 1);
     f.vnni = f.avx512 && (c >> 11 & 1);
+    cpuid(7, 1, r);
+    f.avxvnni = f.avx2 && (r[0] >> 4 & 1);
 #endif
     return f;
 }
@@ -2420,6 +2427,7 @@ struct IsaKernels {
 #ifdef LLM_X86
 #define LLM_AVX2_FN __attribute__((target("avx2,fma,f16c")))
 #define LLM_AVX2_INLINE __attribute__((target("avx2,fma,f16c"), always_inline)) inline
+#define LLM_AVXVNNI_FN __attribute__((target("avx2,fma,f16c,avxvnni")))
 #define LLM_AVX512_FN __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq")))
 #define LLM_AVX512VNNI_FN __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
 #define LLM_AVX512_INLINE __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq"), always_inline)) inline
@@ -2434,7 +2442,9 @@ struct IsaKernels {
 
 // Sum of unsigned bytes a times signed bytes b, in groups of four, into eight int32 lanes.
 // madd_add: acc + pairwise sums of int16 a times int16 b, into eight int32 lanes.
+// kVnni: dpbusd(acc, a, b) (acc + the same sums, exact in int32) exists.
 struct OpsAVX2 {
+    static constexpr bool kVnni = false;
     static LLM_AVX2_INLINE __m256i dot_us(__m256i a, __m256i b) {
         return _mm256_madd_epi16(_mm256_maddubs_epi16(a, b), _mm256_set1_epi16(1));
     }
@@ -2451,6 +2461,13 @@ struct OpsVNNI {
     static inline LLM_AVX512VNNI_FN __m256i madd_add(__m256i acc, __m256i a, __m256i b) {
         return _mm256_dpwssd_epi32(acc, a, b);
     }
+};
+// AVX-VNNI: the same instructions VEX-encoded (no AVX-512 needed); wrappers as in OpsVNNI.
+struct OpsAVXVNNI {
+    static constexpr bool kVnni = true;
+    static inline LLM_AVXVNNI_FN __m256i dpbusd(__m256i acc, __m256i a, __m256i b) { return _mm256_dpbusd_avx_epi32(acc, a, b); }
+    static inline LLM_AVXVNNI_FN __m256i dot_us(__m256i a, __m256i b) { return dpbusd(_mm256_setzero_si256(), a, b); }
+    static inline LLM_AVXVNNI_FN __m256i madd_add(__m256i acc, __m256i a, __m256i b) { return _mm256_dpwssd_avx_epi32(acc, a, b); }
 };
 
 LLM_AVX2_INLINE float h2f(uint16_t h) { return _cvtsh_ss(h); }
@@ -2780,6 +2797,11 @@ LLM_AVX2_FN void tile_avx2(int64_t n, const uint8_t* W, const uint8_t* A, size_t
     tile<K, OpsAVX2, NC>(n, W, A, as, S, ss, out, ld);
 }
 template <class K, int NC>
+LLM_AVXVNNI_FN void tile_avxvnni(int64_t n, const uint8_t* W, const uint8_t* A, size_t as, const float* S, int64_t ss, float* out,
+                                 int64_t ld) {
+    tile<K, OpsAVXVNNI, NC>(n, W, A, as, S, ss, out, ld);
+}
+template <class K, int NC>
 LLM_AVX512_FN void tile_avx512(int64_t n, const uint8_t* W, const uint8_t* A, size_t as, const float* S, int64_t ss,
                                float* out, int64_t ld) {
     tile<K, OpsAVX2, NC>(n, W, A, as, S, ss, out, ld);
@@ -2874,10 +2896,11 @@ LLM_AVX2_FN void quant_q8_K_avx2(const float* x, int64_t nb, block_q8_K* y) {
     }
 }
 
-enum Variant { kAVX2, kAVX512, kAVX512VNNI };
+enum Variant { kAVX2, kAVXVNNI, kAVX512, kAVX512VNNI };
 template <class K, int V, int NC>
 TileFn pick_tile() {
     if constexpr (V == kAVX2) return tile_avx2<K, NC>;
+    else if constexpr (V == kAVXVNNI) return tile_avxvnni<K, NC>;
     else if constexpr (V == kAVX512) return tile_avx512<K, NC>;
     else return tile_avx512vnni<K, NC>;
 }
@@ -2914,8 +2937,10 @@ IsaKernels make_kernels() {
 inline const IsaKernels* kernels_for(Isa isa) {
 #ifdef LLM_X86
     static const IsaKernels avx2 = make_kernels<kAVX2>();
+    static const IsaKernels avxvnni = make_kernels<kAVXVNNI>();
     static const IsaKernels avx512 = cpu().vnni ? make_kernels<kAVX512VNNI>() : make_kernels<kAVX512>();
     if (isa == Isa::AVX2) return &avx2;
+    if (isa == Isa::AVXVNNI) return &avxvnni;
     if (isa == Isa::AVX512) return &avx512;
 #else
     (void)isa;
@@ -2946,24 +2971,37 @@ bool qimpl::quantize_act_simd(Type t, const float* src, void* dst, int64_t n) {
 #endif
 }
 
+// AVX-512 VNNI's 512-bit kernels first; AVX-VNNI's 256-bit ones beat AVX-512 without VNNI.
 Isa isa_best() {
     const qimpl::CpuFeatures& f = qimpl::cpu();
-    return f.avx512 ? Isa::AVX512 : f.avx2 ? Isa::AVX2 : Isa::Scalar;
+    if (f.avx512 && f.vnni) return Isa::AVX512;
+    return f.avxvnni ? Isa::AVXVNNI : f.avx512 ? Isa::AVX512 : f.avx2 ? Isa::AVX2 : Isa::Scalar;
 }
 
-// The initial choice: isa_best(), or what the environment variable LLM_ISA names (scalar, avx2 or
-// avx512) when the CPU supports it, so benchmarks and tests can run a lower tier in any program.
+bool isa_supported(Isa isa) {
+    const qimpl::CpuFeatures& f = qimpl::cpu();
+    switch (isa) {
+    case Isa::Scalar: return true;
+    case Isa::AVX2: return f.avx2;
+    case Isa::AVX512: return f.avx512;
+    case Isa::AVXVNNI: return f.avxvnni;
+    }
+    return false;
+}
+
+// The initial choice: isa_best(), or what the environment variable LLM_ISA names (scalar, avx2,
+// avxvnni or avx512) when the CPU supports it, so benchmarks and tests can run a lower tier in any program.
 static Isa isa_initial() {
     const char* env = getenv("LLM_ISA");
     if (!env || !*env) return isa_best();
-    for (Isa isa : {Isa::Scalar, Isa::AVX2, Isa::AVX512}) {
+    for (Isa isa : {Isa::Scalar, Isa::AVX2, Isa::AVXVNNI, Isa::AVX512}) {
         const std::string name = isa == Isa::AVX512 ? "avx512" : isa_name(isa);
         if (name != env && !(isa == Isa::AVX512 && strcmp(env, "amx") == 0)) continue;  // amx: AVX-512 and AMX
-        if ((int)isa <= (int)isa_best()) return isa;
+        if (isa_supported(isa)) return isa;
         fprintf(stderr, "llm: LLM_ISA=%s is not supported by this CPU, using %s\n", env, isa_name(isa_best()).c_str());
         return isa_best();
     }
-    fprintf(stderr, "llm: LLM_ISA=%s is not one of scalar, avx2, avx512, amx; using %s\n", env, isa_name(isa_best()).c_str());
+    fprintf(stderr, "llm: LLM_ISA=%s is not one of scalar, avx2, avxvnni, avx512, amx; using %s\n", env, isa_name(isa_best()).c_str());
     return isa_best();
 }
 
@@ -2977,7 +3015,7 @@ Isa isa_current() {
 }
 
 void isa_set(Isa isa) {
-    if ((int)isa < 0 || (int)isa > (int)isa_best())
+    if ((int)isa < 0 || (int)isa > (int)Isa::AVXVNNI || !isa_supported(isa))
         fail("instruction set %d is not supported by this CPU (best: %s)", (int)isa, isa_name(isa_best()).c_str());
     qimpl::isa_state().store((int)isa, std::memory_order_relaxed);
 }
@@ -2986,6 +3024,7 @@ std::string isa_name(Isa isa) {
     switch (isa) {
     case Isa::Scalar: return "scalar";
     case Isa::AVX2: return "avx2";
+    case Isa::AVXVNNI: return "avxvnni";
     case Isa::AVX512: return !qimpl::cpu().vnni ? "avx512" : amx_enabled() ? "avx512-vnni+amx" : "avx512-vnni";
     }
     return "?";
@@ -3547,6 +3586,7 @@ LLM_AVX512VNNI_FN void tile16_k16(int64_t k, const uint8_t* W, const uint8_t* A,
         __m512i sc16[8], mn16[8];
         T::scales(B, sc16);
         if constexpr (kMins) T::mins(B, mn16);
+#pragma GCC unroll 16  // constant shift counts in group / group_half (variable ones cost a vpsrlw by xmm each)
         for (int sb = 0; sb < 16; sb++) {
             prefetch_ahead<sizeof(B) / 16>((const char*)&B + sb * (sizeof(B) / 16));
             __m512i u[4];
@@ -3681,6 +3721,15 @@ LLM_AVX2_INLINE __m256i dot_runs(const __m256i* u, const int8_t* y, __m256i scal
     }
     return sum;
 }
+// The same unscaled sum on the AVX-VNNI tier (vpdpbusd: exact in int32 for unsigned u up to 255), in
+// two chains so that one column's decode is not bound by the instruction's latency.
+template <class Ops, int N>
+LLM_AVX2_INLINE __m256i dot_bytes(const __m256i* u, const int8_t* y) {
+    __m256i sum[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+#pragma GCC unroll 8
+    for (int i = 0; i < N; i++) sum[i % 2] = Ops::dpbusd(sum[i % 2], u[i], _mm256_set1_epi32((int)load_u32((const uint8_t*)y + 4 * i)));
+    return _mm256_add_epi32(sum[0], sum[1]);
+}
 // The same for signed weights w (|w| <= 127, w_abs = |w|), each group summed in int32.
 template <int N>
 LLM_AVX2_INLINE __m256i dot_signed(const __m256i* w, const __m256i* w_abs, const int8_t* y) {
@@ -3696,14 +3745,24 @@ LLM_AVX2_INLINE __m256i dot_signed(const __m256i* w, const __m256i* w_abs, const
 // Each kernel below computes NC columns for the NH halves from h0: with few columns both halves in
 // one pass over the group (run), with more a pass per half, the second from cache; up to
 // Rows::kGroupMajorColumns columns group-major (run_half: 4-column tiles 1.04-1.18x faster, equal at 8;
-// docs/performance.md, round 10).
+// docs/performance.md, round 10). Its Ops (OpsAVX2 or OpsAVXVNNI) give the byte products.
 template <class Rows, int NC>
-LLM_AVX2_FN void tile16_avx2(int64_t k, const uint8_t* W, const uint8_t* A, size_t as, const float* S, int64_t ss,
-                             const int32_t* ysum, float* out, int64_t ld) {
+LLM_AVX2_INLINE void tile16_halves(int64_t k, const uint8_t* W, const uint8_t* A, size_t as, const float* S, int64_t ss,
+                                   const int32_t* ysum, float* out, int64_t ld) {
     if constexpr (NC <= 2) Rows::template run<NC, 2>(k, W, A, as, S, ss, ysum, out, ld, 0);
     else if constexpr (NC <= Rows::kGroupMajorColumns)
         for (int h = 0; h < 2; h++) Rows::template run_half<NC>(k, W, A, as, S, ss, ysum, out, ld, h);
     else for (int h = 0; h < 2; h++) Rows::template run<NC, 1>(k, W, A, as, S, ss, ysum, out, ld, h);
+}
+template <class Rows, int NC>
+LLM_AVX2_FN void tile16_avx2(int64_t k, const uint8_t* W, const uint8_t* A, size_t as, const float* S, int64_t ss,
+                             const int32_t* ysum, float* out, int64_t ld) {
+    tile16_halves<Rows, NC>(k, W, A, as, S, ss, ysum, out, ld);
+}
+template <class Rows, int NC>
+LLM_AVXVNNI_FN void tile16_avxvnni(int64_t k, const uint8_t* W, const uint8_t* A, size_t as, const float* S, int64_t ss,
+                                   const int32_t* ysum, float* out, int64_t ld) {
+    tile16_halves<Rows, NC>(k, W, A, as, S, ss, ysum, out, ld);
 }
 
 // The float accumulators of the kernels below, per half and column: the scaled block sums and the
@@ -3724,11 +3783,12 @@ struct RowsAcc {
     }
 };
 
-// tile16_b32 on AVX2.
-template <class G, int Offset, bool Table>
+// tile16_b32 on AVX2 (AVX-VNNI: the stored unsigned bytes u = value + Offset against y, as AVX-512).
+template <class G, int Offset, bool Table, class Ops>
 struct RowsB32 {
-    static constexpr int kGroupMajorColumns = 4;
-    static constexpr bool kSigned = Offset == 128;
+    // run_half's byte products are AVX2's (vpmaddubsw runs), so the AVX-VNNI tiles use run throughout.
+    static constexpr int kGroupMajorColumns = Ops::kVnni ? 0 : 4;
+    static constexpr bool kSigned = Offset == 128 && !Ops::kVnni;  // |w| times y with w's sign
     // Four-value group g (0..7) of half h of a block: the values as signed bytes (signed types) or
     // value + Offset (the others).
     static LLM_AVX2_INLINE __m256i group_half(const G& B, int g, int h, __m256i table) {
@@ -3806,7 +3866,9 @@ struct RowsB32 {
         using Y = std::conditional_t<kHasMin<G>, block_q8_1, block_q8_0>;
         const int64_t nb = k / 32;
         const G* x = (const G*)W;
-        const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)kIQ4NLValues));
+        alignas(16) uint8_t values[16];  // IQ4_NL's table, + Offset where the values stay unsigned
+        for (int i = 0; i < 16; i++) values[i] = (uint8_t)(kIQ4NLValues[i] + (kSigned ? 0 : Offset));
+        const __m256i table = _mm256_broadcastsi128_si256(_mm_load_si128((const __m128i*)values));
         RowsAcc<NH, NC> acc;
         acc.clear();
         for (int64_t b = 0; b < nb; b++) {
@@ -3817,7 +3879,8 @@ struct RowsB32 {
                 const int h = h0 + hh;
                 __m256i u[8], u_abs[8];
                 if constexpr (kHasBytes<G>) {
-                    for (int i = 0; i < 8; i++) u[i] = _mm256_xor_si256(load256(B.qs[i] + 32 * h), _mm256_set1_epi8((char)0x80));
+                    for (int i = 0; i < 8; i++)
+                        u[i] = kSigned ? _mm256_xor_si256(load256(B.qs[i] + 32 * h), _mm256_set1_epi8((char)0x80)) : load256(B.qs[i] + 32 * h);
                 } else {
                     for (int c = 0; c < 4; c++) {
                         const __m256i q = load256(B.qs[c] + 32 * h);
@@ -3839,7 +3902,8 @@ struct RowsB32 {
                     if constexpr (kSigned) {
                         dot = dot_signed<8>(u, u_abs, y.qs);
                     } else {
-                        dot = dot_runs<8, safe_run(kHasHigh<G> ? 31 : 15)>(u, y.qs, _mm256_set1_epi16(1));
+                        if constexpr (Ops::kVnni) dot = dot_bytes<Ops, 8>(u, y.qs);
+                        else dot = dot_runs<8, safe_run(kHasHigh<G> ? 31 : 15)>(u, y.qs, _mm256_set1_epi16(1));
                         if constexpr (Offset != 0) dot = _mm256_sub_epi32(dot, _mm256_set1_epi32(Offset * ysum[c * nb + b]));
                     }
                     acc.sum[hh][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(dx, _mm256_set1_ps(S[c * ss + b])), acc.sum[hh][c]);
@@ -3853,8 +3917,8 @@ struct RowsB32 {
     }
 };
 
-// tile16_q45_K on AVX2.
-template <class G>
+// tile16_q45_K on AVX2 (AVX-VNNI: each sub-block's exact int32 dot product times its scale).
+template <class G, class Ops>
 struct RowsQ45K {
     static constexpr int kGroupMajorColumns = 0;
     template <int NC, int NH>
@@ -3892,8 +3956,12 @@ struct RowsQ45K {
                     const __m256i s32 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(sc + 16 * sb + 8 * h)));
                     const __m256i scale16 = _mm256_or_si256(s32, _mm256_slli_epi32(s32, 16));
 #pragma GCC unroll 8
-                    for (int c = 0; c < NC; c++)
-                        isum[c] = _mm256_add_epi32(isum[c], dot_runs<8, safe_run(kHasHigh<G> ? 31 : 15)>(u, y[c]->qs + 32 * sb, scale16));
+                    for (int c = 0; c < NC; c++) {
+                        if constexpr (Ops::kVnni)
+                            isum[c] = _mm256_add_epi32(isum[c], _mm256_mullo_epi32(dot_bytes<Ops, 8>(u, y[c]->qs + 32 * sb), s32));
+                        else
+                            isum[c] = _mm256_add_epi32(isum[c], dot_runs<8, safe_run(kHasHigh<G> ? 31 : 15)>(u, y[c]->qs + 32 * sb, scale16));
+                    }
                 }
                 const __m256 dx = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(B.d + 8 * h)));
                 const __m256 mx = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(B.dmin + 8 * h)));
@@ -3905,8 +3973,8 @@ struct RowsQ45K {
                     _mm_store_si128((__m128i*)pair, _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1)));
                     __m256i msum = _mm256_setzero_si256();
                     for (int p = 0; p < 4; p++)
-                        msum = _mm256_add_epi32(msum, _mm256_madd_epi16(_mm256_cvtepu8_epi16(_mm_load_si128((const __m128i*)(mn + 32 * p + 16 * h))),
-                                                                        _mm256_set1_epi32(pair[p])));
+                        msum = Ops::madd_add(msum, _mm256_cvtepu8_epi16(_mm_load_si128((const __m128i*)(mn + 32 * p + 16 * h))),
+                                             _mm256_set1_epi32(pair[p]));
                     const __m256 yd = _mm256_set1_ps(y[c]->d);
                     acc.sum[hh][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[c]), _mm256_mul_ps(dx, yd), acc.sum[hh][c]);
                     acc.min[hh][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(msum), _mm256_mul_ps(mx, yd), acc.min[hh][c]);
@@ -3917,8 +3985,8 @@ struct RowsQ45K {
     }
 };
 
-// tile16_k16 on AVX2.
-template <class T>
+// tile16_k16 on AVX2 (AVX-VNNI: each sub-block's exact int32 dot product times its scale).
+template <class T, class Ops>
 struct RowsK16 {
     static constexpr int kGroupMajorColumns = 0;
     template <int NC, int NH>
@@ -3945,23 +4013,30 @@ struct RowsK16 {
                 if constexpr (kMins) T::mins_half(B, h, mn16);
                 __m256i isum[NC];
                 for (int c = 0; c < NC; c++) isum[c] = _mm256_setzero_si256();
+#pragma GCC unroll 16  // constant shift counts in group / group_half (variable ones cost a vpsrlw by xmm each)
                 for (int sb = 0; sb < 16; sb++) {
                     if (hh == 0) prefetch_ahead<sizeof(G) / 16>((const char*)&B + sb * (sizeof(G) / 16));
                     __m256i u[4];
 #pragma GCC unroll 4
                     for (int j = 0; j < 4; j++) u[j] = T::group_half(B, 4 * sb + j, h);
-                    const __m256i scale16 = _mm256_shuffle_epi8(sc16[sb / 2], sb % 2 ? odd : even);
 #pragma GCC unroll 8
-                    for (int c = 0; c < NC; c++)
-                        isum[c] = _mm256_add_epi32(isum[c], dot_runs<4, safe_run(T::kMaxValue)>(u, y[c]->qs + 16 * sb, scale16));
+                    for (int c = 0; c < NC; c++) {
+                        if constexpr (Ops::kVnni) {
+                            const __m256i scale32 = sb % 2 ? _mm256_srai_epi32(sc16[sb / 2], 16)
+                                                           : _mm256_srai_epi32(_mm256_slli_epi32(sc16[sb / 2], 16), 16);
+                            isum[c] = _mm256_add_epi32(isum[c], _mm256_mullo_epi32(dot_bytes<Ops, 4>(u, y[c]->qs + 16 * sb), scale32));
+                        } else {
+                            const __m256i scale16 = _mm256_shuffle_epi8(sc16[sb / 2], sb % 2 ? odd : even);
+                            isum[c] = _mm256_add_epi32(isum[c], dot_runs<4, safe_run(T::kMaxValue)>(u, y[c]->qs + 16 * sb, scale16));
+                        }
+                    }
                 }
                 const __m256 dx = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(B.d + 8 * h)));
 #pragma GCC unroll 8
                 for (int c = 0; c < NC; c++) {
                     __m256i off = _mm256_setzero_si256();  // bsums of sub-blocks 2p and 2p + 1 times the pairs
                     for (int p = 0; p < 8; p++)
-                        off = _mm256_add_epi32(off, _mm256_madd_epi16(kMins ? mn16[p] : sc16[p],
-                                                                      _mm256_set1_epi32((int)load_u32((const uint8_t*)(y[c]->bsums + 2 * p)))));
+                        off = Ops::madd_add(off, kMins ? mn16[p] : sc16[p], _mm256_set1_epi32((int)load_u32((const uint8_t*)(y[c]->bsums + 2 * p))));
                     const __m256 yd = _mm256_set1_ps(y[c]->d);
                     if constexpr (kMins) {
                         acc.sum[hh][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[c]), _mm256_mul_ps(dx, yd), acc.sum[hh][c]);
@@ -4051,11 +4126,16 @@ struct InterleavedType {
     void (*deinterleave)(const uint8_t*, int64_t, uint8_t*, size_t);
     std::array<Tile16Fn, 4> tile;       // NC = 1, 2, 4, 8 (AVX-512 VNNI)
     std::array<Tile16Fn, 4> tile_avx2;  // the same on AVX2 (and AVX-512 without VNNI)
+    std::array<Tile16Fn, 4> tile_avxvnni;  // and on AVX-VNNI
 };
 #ifdef LLM_X86
 template <class Rows>
 std::array<Tile16Fn, 4> avx2_tiles() {
     return {tile16_avx2<Rows, 1>, tile16_avx2<Rows, 2>, tile16_avx2<Rows, 4>, tile16_avx2<Rows, 8>};
+}
+template <class Rows>
+std::array<Tile16Fn, 4> avxvnni_tiles() {
+    return {tile16_avxvnni<Rows, 1>, tile16_avxvnni<Rows, 2>, tile16_avxvnni<Rows, 4>, tile16_avxvnni<Rows, 8>};
 }
 #endif
 template <class X, class G, int Offset, bool Table>
@@ -4063,18 +4143,20 @@ InterleavedType interleaved_b32() {
     return {Offset != 0, interleave_group<X, G, interleave_b32<X, G>>, deinterleave_group<X, G, deinterleave_b32<X, G>>,
 #ifdef LLM_X86
             {tile16_b32<G, Offset, Table, 1>, tile16_b32<G, Offset, Table, 2>, tile16_b32<G, Offset, Table, 4>,
-             tile16_b32<G, Offset, Table, 8>}, avx2_tiles<RowsB32<G, Offset, Table>>()};
+             tile16_b32<G, Offset, Table, 8>}, avx2_tiles<RowsB32<G, Offset, Table, OpsAVX2>>(),
+            avxvnni_tiles<RowsB32<G, Offset, Table, OpsAVXVNNI>>()};
 #else
-            {}, {}};
+            {}, {}, {}};
 #endif
 }
 template <class X, class G>
 InterleavedType interleaved_q45_K() {
     return {false, interleave_group<X, G, interleave_q45_K<X, G>>, deinterleave_group<X, G, deinterleave_q45_K<X, G>>,
 #ifdef LLM_X86
-            {tile16_q45_K<G, 1>, tile16_q45_K<G, 2>, tile16_q45_K<G, 4>, tile16_q45_K<G, 8>}, avx2_tiles<RowsQ45K<G>>()};
+            {tile16_q45_K<G, 1>, tile16_q45_K<G, 2>, tile16_q45_K<G, 4>, tile16_q45_K<G, 8>}, avx2_tiles<RowsQ45K<G, OpsAVX2>>(),
+            avxvnni_tiles<RowsQ45K<G, OpsAVXVNNI>>()};
 #else
-            {}, {}};
+            {}, {}, {}};
 #endif
 }
 template <class X, class G, void (*In)(const X&, int, G&), void (*Out)(const G&, int, X&)>
@@ -4082,18 +4164,18 @@ InterleavedType interleaved_k16() {
     return {false, interleave_group<X, G, In>, deinterleave_group<X, G, Out>,
 #ifdef LLM_X86
             {tile16_k16<I16Of<G>, 1>, tile16_k16<I16Of<G>, 2>, tile16_k16<I16Of<G>, 4>, tile16_k16<I16Of<G>, 8>},
-            avx2_tiles<RowsK16<I16Of<G>>>()};
+            avx2_tiles<RowsK16<I16Of<G>, OpsAVX2>>(), avxvnni_tiles<RowsK16<I16Of<G>, OpsAVXVNNI>>()};
 #else
-            {}, {}};
+            {}, {}, {}};
 #endif
 }
 // BF16's layout and tiles where the CPU has vdpbf16ps; elsewhere the layout only (no tiles: not used).
 inline InterleavedType interleaved_bf16() {
 #ifdef LLM_X86
     if (avx512_bf16())
-        return {false, interleave_bf16, deinterleave_bf16, {tile16_bf16<1>, tile16_bf16<2>, tile16_bf16<4>, tile16_bf16<8>}, {}};
+        return {false, interleave_bf16, deinterleave_bf16, {tile16_bf16<1>, tile16_bf16<2>, tile16_bf16<4>, tile16_bf16<8>}, {}, {}};
 #endif
-    return {false, interleave_bf16, deinterleave_bf16, {}, {}};
+    return {false, interleave_bf16, deinterleave_bf16, {}, {}, {}};
 }
 inline const InterleavedType* interleaved_type(Type t) {
     static const InterleavedType bf16 = interleaved_bf16();
@@ -4484,10 +4566,11 @@ void amx_set(bool on) {
 namespace qimpl {
 // What k must be a multiple of: the type's block, or BF16's 32-value tile blocks.
 inline int64_t interleave_k_unit(Type t) { return t == Type::BF16 ? 32 : type_info(t).block_size; }
-// The interleaved tiles of the ISA in use: AVX-512 VNNI's, else AVX2's; nullptr on the scalar path.
+// The interleaved tiles of the ISA in use: AVX-512 VNNI's, AVX-VNNI's, else AVX2's; nullptr on the scalar path.
 inline const Tile16Fn* interleaved_tiles(const InterleavedType& it) {
     const Isa isa = isa_current();
     if (isa == Isa::AVX512 && cpu().vnni && it.tile[0]) return it.tile.data();
+    if (isa == Isa::AVXVNNI && it.tile_avxvnni[0]) return it.tile_avxvnni.data();
     if (isa != Isa::Scalar && it.tile_avx2[0]) return it.tile_avx2.data();
     return nullptr;
 }
@@ -4833,23 +4916,35 @@ LLM_AVX512VNNI_FN void scores_pairs(const uint8_t* rows, size_t stride, int64_t 
 // AVX2 hosts (and AVX-512 ones without VNNI): the tile of matmul_rows over NR cache rows and NC
 // query heads at once, so a row is unpacked once for all heads and NR x NC sums run side by side;
 // the same arithmetic per (row, head), hence bit-identical to matmul_rows. S: the queries' block
-// scales as floats (q8_0), s_stride apart per head.
+// scales as floats (q8_0), s_stride apart per head. AVX-VNNI: the same with its byte products.
+template <class K, class Ops, int NC, int NR>
+LLM_AVX2_INLINE void scores_heads_256(const uint8_t* rows, size_t stride, int64_t n_rows, int64_t dim, const uint8_t* qc,
+                                      size_t q_row, const float* S, int64_t s_stride, float* out, int64_t out_stride) {
+    int64_t r = 0;
+    for (; r + NR <= n_rows; r += NR)
+        tile<K, Ops, NC, NR>(dim, rows + r * stride, qc, q_row, S, s_stride, out + r, out_stride, stride);
+    for (; r < n_rows; r++) tile<K, Ops, NC, 1>(dim, rows + r * stride, qc, q_row, S, s_stride, out + r, out_stride);
+}
 template <class K, int NC, int NR>
 LLM_AVX2_FN void scores_heads_avx2(const uint8_t* rows, size_t stride, int64_t n_rows, int64_t dim, const uint8_t* qc, size_t q_row,
                                    const float* S, int64_t s_stride, float* out, int64_t out_stride) {
-    int64_t r = 0;
-    for (; r + NR <= n_rows; r += NR)
-        tile<K, OpsAVX2, NC, NR>(dim, rows + r * stride, qc, q_row, S, s_stride, out + r, out_stride, stride);
-    for (; r < n_rows; r++) tile<K, OpsAVX2, NC, 1>(dim, rows + r * stride, qc, q_row, S, s_stride, out + r, out_stride);
+    scores_heads_256<K, OpsAVX2, NC, NR>(rows, stride, n_rows, dim, qc, q_row, S, s_stride, out, out_stride);
+}
+template <class K, int NC, int NR>
+LLM_AVXVNNI_FN void scores_heads_avxvnni(const uint8_t* rows, size_t stride, int64_t n_rows, int64_t dim, const uint8_t* qc,
+                                         size_t q_row, const float* S, int64_t s_stride, float* out, int64_t out_stride) {
+    scores_heads_256<K, OpsAVXVNNI, NC, NR>(rows, stride, n_rows, dim, qc, q_row, S, s_stride, out, out_stride);
 }
 using ScoresHeadsFn = void (*)(const uint8_t*, size_t, int64_t, int64_t, const uint8_t*, size_t, const float*, int64_t, float*,
                                int64_t);
 constexpr int kScoreHeadsAVX2 = 4;  // heads per pass: NC x NR accumulators fit the 16 registers
 template <class K>
-ScoresHeadsFn scores_heads_avx2_for(int heads) {
+ScoresHeadsFn scores_heads_avx2_for(int heads, bool avxvnni) {
     static const ScoresHeadsFn f[] = {scores_heads_avx2<K, 1, 4>, scores_heads_avx2<K, 2, 4>, scores_heads_avx2<K, 3, 2>,
                                       scores_heads_avx2<K, 4, 2>};
-    return f[heads - 1];
+    static const ScoresHeadsFn vnni[] = {scores_heads_avxvnni<K, 1, 4>, scores_heads_avxvnni<K, 2, 4>,
+                                         scores_heads_avxvnni<K, 3, 2>, scores_heads_avxvnni<K, 4, 2>};
+    return (avxvnni ? vnni : f)[heads - 1];
 }
 using ScoresFn = void (*)(const uint8_t*, size_t, int64_t, int64_t, const float*, int, float*, int64_t);
 inline ScoresFn scores_pairs_fn(Type t, int pairs) {
@@ -4876,10 +4971,12 @@ bool attention_scores(Type kt, const uint8_t* rows, size_t stride, int64_t n_row
         for (int h = 0; h < heads && kt == Type::Q8_0; h++)
             for (int64_t b = 0; b < nb; b++) scratch[h * nb + b] = fp16_to_fp32(((const block_q8_0*)(qc + h * q_row))[b].d);
         const int64_t block = std::max<int64_t>(1, 32768 / (int64_t)stride);  // rows that stay in L1 (as below)
+        const bool vnni = isa_current() == Isa::AVXVNNI;
         for (int64_t r0 = 0; r0 < n_rows; r0 += block)
             for (int h = 0; h < heads; h += qimpl::kScoreHeadsAVX2) {
                 const int nc = std::min(qimpl::kScoreHeadsAVX2, heads - h);
-                (kt == Type::F16 ? qimpl::scores_heads_avx2_for<qimpl::K_f16>(nc) : qimpl::scores_heads_avx2_for<qimpl::K_q8_0>(nc))(
+                (kt == Type::F16 ? qimpl::scores_heads_avx2_for<qimpl::K_f16>(nc, vnni)
+                                 : qimpl::scores_heads_avx2_for<qimpl::K_q8_0>(nc, vnni))(
                     rows + r0 * stride, stride, std::min(block, n_rows - r0), dim, qc + h * q_row, q_row, scratch + h * nb, nb,
                     out + h * out_stride + r0, out_stride);
             }

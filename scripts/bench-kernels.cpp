@@ -1,60 +1,144 @@
-// The interleaved matmul kernels alone (matmul_rows_interleaved): one thread, 512 rows x k 2048 of
-// every interleaved type (in cache) times N activation columns, thread CPU time (holds up on a busy
-// host far better than wall clock), best of 7 rounds, in GOP/s (2 x multiply-adds per second).
+// Kernel microbenchmark of issue 14: matmul_rows_interleaved (the repacked weights of load time) of each
+// weight type on each ISA tier, in thread CPU time (best of REPS runs), so the figures hold up on a
+// shared host far better than wall-clock ones. Two sizes per type: weights in cache (1024 rows x
+// k = 2048, GOP/s = 2 x multiply-adds per second) and weights streamed from memory (rows x k = 2048
+// of about 48 MiB, what decode at real sizes does: GB/s of weight bytes read, to set against the
+// first line's plain streaming sum of such a buffer, also in thread CPU time: one thread's roofline).
 //
 //   g++ -O2 -std=c++17 -pthread -o build/bench-kernels scripts/bench-kernels.cpp
-//   LLM_ISA=avx2 build/bench-kernels [N...]        (default N: 1 8 64; LLM_ISA picks the tier)
+//   build/bench-kernels [TYPES] [TIERS] [COLUMNS] [REPS]
+//   build/bench-kernels "q8_0 q6_K" "avx2 avxvnni avx512" "1 64" 5
 #define LLM_IMPLEMENTATION
 #include "../llm.hpp"
 
-#include <cstdlib>
-#include <ctime>
-#include <random>
+#include <time.h>
 
-// Seconds of CPU time this thread has used.
-static double thread_seconds() {
+#include <algorithm>
+#include <cstring>
+#include <sstream>
+
+namespace {
+
+double thread_seconds() {
     timespec ts;
     clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-    return ts.tv_sec + 1e-9 * ts.tv_nsec;
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-int main(int argc, char** argv) {
-    using llm::Type;
-    const int64_t k = 2048, rows = 512;
-    std::vector<int64_t> widths;
-    for (int i = 1; i < argc; i++) widths.push_back(atoll(argv[i]));
-    if (widths.empty()) widths = {1, 8, 64};
-    std::mt19937 rng(1);
+std::vector<std::string> words(const char* s) {
+    std::istringstream in(s);
+    std::vector<std::string> v;
+    for (std::string w; in >> w;) v.push_back(w);
+    return v;
+}
+
+// The tier named as LLM_ISA names it; false where this CPU lacks it.
+bool select_tier(const std::string& name) {
+    for (llm::Isa isa : {llm::Isa::AVX2, llm::Isa::AVXVNNI, llm::Isa::AVX512}) {
+        const bool match = name == (isa == llm::Isa::AVX512 ? "avx512" : llm::isa_name(isa)) ||
+                           (name == "amx" && isa == llm::Isa::AVX512);
+        if (!match) continue;
+        if (!llm::isa_supported(isa) || (name == "amx" && !llm::amx_available())) return false;
+        llm::isa_set(isa);
+        if (llm::amx_available()) llm::amx_set(name == "amx");
+        return true;
+    }
+    return false;
+}
+
+struct Matrix {
+    llm::Type type;
+    int64_t k, rows;
+    std::vector<uint8_t> packed;
+};
+
+// Random weights (row 0 quantized from random floats and repeated: quantizing 48 MiB of K-quants
+// would take minutes), repacked 16 rows at a time.
+Matrix make_matrix(llm::Type t, int64_t k, int64_t rows, std::mt19937& rng) {
+    std::normal_distribution<float> normal(0.0f, 0.05f);
+    std::vector<float> x(k);
+    for (float& v : x) v = normal(rng);
+    const size_t rb = llm::row_bytes(t, k);
+    std::vector<uint8_t> W(rb * rows);
+    llm::quantize_row(t, x.data(), W.data(), k);
+    for (int64_t r = 1; r < rows; r++) memcpy(W.data() + r * rb, W.data(), rb);
+    Matrix m{t, k, rows, std::vector<uint8_t>(W.size())};
+    llm::interleave_rows16(t, W.data(), m.packed.data(), k, rows);
+    return m;
+}
+
+// Best thread CPU seconds of `reps` products of m with `cols` activation columns.
+double time_product(const Matrix& m, int64_t cols, int reps, std::mt19937& rng) {
+    const llm::Type at = llm::vec_dot_type(m.type);
+    const size_t arow = llm::row_bytes(at, m.k);
+    std::vector<uint8_t> A(arow * cols);
     std::normal_distribution<float> normal(0.0f, 1.0f);
-    std::vector<float> values(rows * k);
-    for (float& v : values) v = normal(rng);
-    printf("isa %s, %lld rows x k %lld, one thread, GOP/s (best of 7 rounds)\n", llm::isa_name(llm::isa_current()).c_str(),
-           (long long)rows, (long long)k);
-    for (Type t : {Type::Q4_0, Type::Q4_1, Type::Q5_0, Type::Q5_1, Type::Q8_0, Type::IQ4_NL, Type::Q2_K, Type::Q3_K, Type::Q4_K,
-                   Type::Q5_K, Type::Q6_K}) {
+    std::vector<float> a(m.k);
+    for (int64_t c = 0; c < cols; c++) {
+        for (float& v : a) v = normal(rng);
+        llm::quantize_row(at, a.data(), A.data() + c * arow, m.k);
+    }
+    llm::ActInfo info;
+    llm::act_info(at, A.data(), arow, cols, m.k, llm::interleave_needs_sums(m.type), info);
+    std::vector<float> out(m.rows * cols);
+    double best = 1e30;
+    for (int r = 0; r < reps; r++) {
+        const double t0 = thread_seconds();
+        llm::matmul_rows_interleaved(m.type, m.packed.data(), m.k, 0, m.rows, A.data(), arow, cols, out.data(), m.rows, &info);
+        best = std::min(best, thread_seconds() - t0);
+    }
+    return best;
+}
+
+// GB/s of a plain sum over 48 MiB (four independent chains, as scripts/bandwidth-probe.cpp), best of reps.
+double stream_sum_gbs(int reps) {
+    std::vector<uint64_t> buf((48 << 20) / sizeof(uint64_t));
+    for (size_t i = 0; i < buf.size(); i++) buf[i] = i;
+    double best = 1e30;
+    uint64_t check = 0;
+    for (int r = 0; r < reps; r++) {
+        const double t0 = thread_seconds();
+        uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+        for (size_t i = 0; i + 4 <= buf.size(); i += 4) s0 += buf[i], s1 += buf[i + 1], s2 += buf[i + 2], s3 += buf[i + 3];
+        best = std::min(best, thread_seconds() - t0);
+        check += s0 + s1 + s2 + s3;
+    }
+    if (check == 1) printf("\n");  // keeps the sums
+    return 1e-9 * buf.size() * sizeof(uint64_t) / best;
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+    const std::vector<std::string> types = words(argc > 1 ? argv[1] : "q4_0 q4_1 q5_0 q5_1 q8_0 iq4_nl q2_K q3_K q4_K q5_K q6_K");
+    const std::vector<std::string> tiers = words(argc > 2 ? argv[2] : "avx2 avxvnni avx512");
+    const std::vector<std::string> columns = words(argc > 3 ? argv[3] : "1 64");
+    const int reps = argc > 4 ? std::max(1, atoi(argv[4])) : 5;
+    std::mt19937 rng(1);
+    const int64_t k = 2048, cache_rows = 1024;
+    printf("CPU kernels, one thread, thread CPU time (best of %d); in cache: %lld x %lld; streamed: ~48 MiB\n", reps,
+           (long long)cache_rows, (long long)k);
+    printf("one thread's streaming sum of 48 MiB: %.2f GB/s\n", stream_sum_gbs(reps));
+    printf("| type | tier | columns | in cache GOP/s | streamed GOP/s | streamed GB/s |\n|---|---|---:|---:|---:|---:|\n");
+    for (const std::string& name : types) {
+        const llm::Type t = llm::type_from_name(name);
         const size_t rb = llm::row_bytes(t, k);
-        std::vector<uint8_t> W(rows * rb), packed(rows * rb);
-        for (int64_t r = 0; r < rows; r++) llm::quantize_row_weights(t, values.data() + r * k, W.data() + r * rb, k);
-        llm::interleave_rows16(t, W.data(), packed.data(), k, rows);
-        const Type at = llm::vec_dot_type(t);
-        const size_t arow = llm::row_bytes(at, k);
-        printf("%-7s", llm::type_info(t).name);
-        for (int64_t n : widths) {
-            std::vector<uint8_t> A(n * arow);
-            for (int64_t c = 0; c < n; c++) llm::quantize_row(at, values.data() + (c % rows) * k, A.data() + c * arow, k);
-            llm::ActInfo info;
-            llm::act_info(at, A.data(), arow, n, k, llm::interleave_needs_sums(t), info);
-            std::vector<float> out(n * rows);
-            const int reps = std::max<int64_t>(1, 256 / n);
-            double best = 1e30;
-            for (int round = 0; round < 7; round++) {
-                const double t0 = thread_seconds();
-                for (int i = 0; i < reps; i++)
-                    llm::matmul_rows_interleaved(t, packed.data(), k, 0, rows, A.data(), arow, n, out.data(), rows, &info);
-                best = std::min(best, (thread_seconds() - t0) / reps);
+        const int64_t stream_rows = ((48 << 20) / rb + 15) / 16 * 16;
+        const Matrix small = make_matrix(t, k, cache_rows, rng), large = make_matrix(t, k, stream_rows, rng);
+        for (const std::string& tier : tiers) {
+            if (!select_tier(tier)) {
+                printf("| %s | %s | | (not on this CPU) | | |\n", name.c_str(), tier.c_str());
+                continue;
             }
-            printf("  %3lld cols %6.1f", (long long)n, 2.0 * rows * k * n / best * 1e-9);
+            for (const std::string& col : columns) {
+                const int64_t cols = atoll(col.c_str());
+                const double in_cache = time_product(small, cols, reps, rng);
+                const double streamed = time_product(large, std::min<int64_t>(cols, 8), std::max(2, reps / 2), rng);
+                printf("| %s | %s | %lld | %.1f | %.1f | %.2f |\n", name.c_str(), tier.c_str(), (long long)cols,
+                       2e-9 * k * cache_rows * cols / in_cache, 2e-9 * k * stream_rows * std::min<int64_t>(cols, 8) / streamed,
+                       1e-9 * rb * stream_rows / streamed);
+                fflush(stdout);
+            }
         }
-        printf("\n");
     }
 }

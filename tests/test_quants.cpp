@@ -161,7 +161,8 @@ const Type kWeightTypes[] = {Type::F32, Type::F16, Type::BF16, Type::Q4_0, Type:
 
 std::vector<llm::Isa> supported_isas() {
     std::vector<llm::Isa> v;
-    for (int i = 0; i <= (int)llm::isa_best(); i++) v.push_back((llm::Isa)i);
+    for (llm::Isa isa : {llm::Isa::Scalar, llm::Isa::AVX2, llm::Isa::AVXVNNI, llm::Isa::AVX512})
+        if (llm::isa_supported(isa)) v.push_back(isa);
     return v;
 }
 
@@ -341,12 +342,15 @@ TEST_CASE("quants: every SIMD path agrees with the scalar vec_dot") {
             llm::dequantize_row(t, w.data(), wf.data(), n);
             double mag = 0;
             for (int64_t i = 0; i < n; i++) mag += std::fabs(wf[i] * a[i]);
+            float avx2 = 0;
             for (llm::Isa isa : supported_isas()) {
                 if (isa == llm::Isa::Scalar) continue;
                 CAPTURE(llm::isa_name(isa));
                 llm::isa_set(isa);
                 const float got = llm::vec_dot(t, n, w.data(), aq.data());
                 CHECK(std::fabs(got - want) <= 2e-5 * mag + 1e-6);
+                if (isa == llm::Isa::AVX2) avx2 = got;
+                if (isa == llm::Isa::AVXVNNI) CHECK(got == avx2);  // the same row kernel, VNNI's exact integer sums
             }
         }
     }
@@ -422,13 +426,13 @@ TEST_CASE("quants: interleaved weights round-trip and multiply like their rows")
             CAPTURE(llm::isa_name(isa));
             llm::isa_set(isa);
             const bool fast = llm::interleave_supported(t, k, rows);
-            CHECK(fast == (isa != llm::Isa::Scalar));  // AVX2 and AVX-512 both have interleaved kernels
+            CHECK(fast == (isa != llm::Isa::Scalar));  // AVX2, AVX-VNNI and AVX-512 all have interleaved kernels
             for (int64_t n_act : {(int64_t)1, (int64_t)2, (int64_t)3, (int64_t)4, (int64_t)8, (int64_t)cols}) {
                 CAPTURE(n_act);
                 std::vector<float> want(ld * cols, -1.0f), got(ld * cols, -1.0f);
                 llm::matmul_rows(t, W.data(), wrow, k, 16, rows, A.data(), arow, n_act, want.data(), ld);
                 llm::matmul_rows_interleaved(t, packed.data(), k, 16, rows, A.data(), arow, n_act, got.data(), ld);
-                // the AVX2 and AVX-512 kernels: the same integer sums and float steps, bit for bit
+                // the AVX2, AVX-VNNI and AVX-512 kernels: the same integer sums and float steps, bit for bit
                 if (fast && first_fast.count(n_act)) CHECK(got == first_fast[n_act]);
                 if (fast) first_fast.emplace(n_act, got);
                 for (int64_t j = 0; j < cols; j++) {
@@ -509,8 +513,15 @@ TEST_CASE("quants: attention score kernels equal matmul_rows on every tier, seve
 TEST_CASE("quants: isa_set rejects what the CPU lacks") {
     IsaGuard guard;
     CHECK_NOTHROW(llm::isa_set(llm::Isa::Scalar));
-    if (llm::isa_best() != llm::Isa::AVX512) CHECK_THROWS_AS(llm::isa_set(llm::Isa::AVX512), llm::Error);
+    for (llm::Isa isa : {llm::Isa::AVX2, llm::Isa::AVXVNNI, llm::Isa::AVX512}) {
+        CAPTURE(llm::isa_name(isa));
+        if (llm::isa_supported(isa)) CHECK_NOTHROW(llm::isa_set(isa));
+        else CHECK_THROWS_AS(llm::isa_set(isa), llm::Error);
+    }
+    CHECK_THROWS_AS(llm::isa_set((llm::Isa)7), llm::Error);
+    CHECK(llm::isa_supported(llm::isa_best()));
     CHECK(!llm::isa_name(llm::isa_best()).empty());
+    CHECK(llm::isa_name(llm::Isa::AVXVNNI) == "avxvnni");
 }
 
 // BF16 products are exact in f32 and every kernel sums k of them in f32, in some order: each result is
