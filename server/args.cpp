@@ -639,6 +639,13 @@ const std::vector<Flag>& flags() {
          "speculative decoding: none, draft-simple (with -md), ngram-simple (drafts from earlier occurrences of the last tokens); comma-separated", set_spec_type},
         {{"--spec-ngram-size-n", "--spec-ngram-simple-size-n"}, {}, nullptr, "N", G::Server, "n-gram speculation: the longest suffix looked up (default 3)",
          [](Options& o, const Arg& a) { o.spec.ngram_n = a.to_int(); }},
+        {{"--spec-backoff"}, {}, nullptr, "MODE", G::Server,
+         "cost (default): drafts sized by the measured cost of verifying them and their acceptance, the draft model skipped while it does not pay; "
+         "none: every step drafts as far as --draft-max and --draft-p-min allow (not in llama-server)",
+         [](Options& o, const Arg& a) {
+             if (a.value != "cost" && a.value != "none") usage_error(a.flag + ": expected cost or none, got '" + a.value + "'");
+             o.spec.backoff = a.value == "cost";
+         }},
         {{"--spec-default"}, {}, nullptr, nullptr, G::Server, "default speculative decoding config",
          [](Options& o, const Arg&) { o.spec.ngram = true; }},
         {{"--embd-gemma-default", "--fim-qwen-1.5b-default", "--fim-qwen-3b-default", "--fim-qwen-7b-default", "--fim-qwen-7b-spec",

@@ -42,6 +42,7 @@ struct SpecOptions {
     llm::DraftParams draft;           // --draft-max, --draft-min, --draft-p-min
     int n_ctx = 0, n_threads = 0, n_threads_batch = 0, n_gpu_layers = 0;  // -cd (0: the target's), -td, -tbd, -ngld
     llm::Type type_k = llm::Type::F16, type_v = llm::Type::F16;           // -ctkd, -ctvd
+    bool backoff = true;              // --spec-backoff cost (true) | none: drafts sized by the cost model
     bool enabled() const { return ngram || !model.empty(); }
 };
 

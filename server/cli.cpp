@@ -106,7 +106,8 @@ int generate(llm::Context& ctx, llm::Sampler& sampler, Speculator* spec, const l
              int n_batch, bool ignore_eos, const std::function<bool(int32_t)>& on_token, DraftStats& st) {
     const llm::Model& m = ctx.model();
     std::vector<int32_t> draft;
-    size_t row = 0;  // the logits row to sample: the accepted drafts so far
+    size_t row = 0;        // the logits row to sample: the accepted drafts so far
+    double t_decode = 0;   // when the last decode began: its time, sampling included, is the cost model's
     int n_gen = 0;
     llm::Batch batch;
     while (n_gen < limit) {
@@ -121,7 +122,10 @@ int generate(llm::Context& ctx, llm::Sampler& sampler, Speculator* spec, const l
             row++;
             continue;
         }
-        if (spec) spec->record(0, (int)draft.size(), (int)row);
+        if (spec) {
+            spec->record(0, (int)draft.size(), (int)row);
+            spec->record_decode((int)batch.size(), (now_seconds() - t_decode) * 1000);
+        }
         ctx.seq_truncate(0, (int)tokens.size() - 1);  // the rejected drafts' rows go
         const int room = std::min(limit - n_gen - 1, ctx.n_ctx_seq() - (int)tokens.size());
         draft = spec ? spec->draft(0, tokens, dp, room, n_batch) : std::vector<int32_t>();
@@ -130,6 +134,7 @@ int generate(llm::Context& ctx, llm::Sampler& sampler, Speculator* spec, const l
         batch.clear();
         batch.add(tok, (int)tokens.size() - 1, 0, true);
         for (size_t i = 0; i < draft.size(); i++) batch.add(draft[i], (int)(tokens.size() + i), 0, true);
+        t_decode = now_seconds();
         ctx.decode(batch);
         row = 0;
     }

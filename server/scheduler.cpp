@@ -608,7 +608,7 @@ void Scheduler::plan_drafts(size_t budget) {
         if (p.speculative.n_max <= 0 || p.embed) continue;
         int room = std::min<int>((int)spare, n_ctx_slot_ - 1 - (int)s.cache.size());  // drafts follow the pending token
         if (p.n_predict > 0) room = std::min(room, p.n_predict - s.n_decoded - 1);
-        s.drafted = spec_->draft(s.id, s.target, p.speculative, room, cfg_.budget);
+        s.drafted = spec_->draft(s.id, s.target, p.speculative, room, cfg_.budget, (int)(budget - spare));
         spare -= s.drafted.size();
     }
 }
@@ -688,6 +688,7 @@ bool Scheduler::step(llm::Batch& batch) {
         add(*s, std::min(budget, s->pending()));
     }
     if (parts.empty()) return false;
+    const double t_decode = now_seconds();
     try {
         ctx_.decode(batch);
     } catch (const llm::Error& e) {
@@ -726,6 +727,7 @@ bool Scheduler::step(llm::Batch& batch) {
             on_logits(s, ctx_.logits(li++));
         }
     }
+    if (spec_) spec_->record_decode((int)batch.size(), (now_seconds() - t_decode) * 1000);  // sampling included
     return true;
 }
 

@@ -9,7 +9,7 @@ namespace srv {
 
 namespace {
 
-const int kMaxDraft = 256;  // --draft-max's bound: the cap of a sequence before its first draft
+const int kMaxBackoff = 64;  // the most steps a sequence skips the draft model before trying it again
 
 // The draft model's context: one sequence per target sequence, -cd cells in all (default: the
 // target's), -td / -tbd threads of the target's pool.
@@ -27,7 +27,7 @@ llm::ContextParams draft_context_params(const Options& o, const llm::Context& ta
 }  // namespace
 
 Speculator::Speculator(const Options& o, const llm::Model& target, const llm::Context& target_ctx, int n_seq)
-    : o_(o.spec), cap_(n_seq, kMaxDraft) {
+    : o_(o.spec), seqs_(n_seq) {
     if (o_.model.empty()) return;
     const double t0 = now_seconds();
     llm::ModelOptions mo = model_options(o);
@@ -40,23 +40,120 @@ Speculator::Speculator(const Options& o, const llm::Model& target, const llm::Co
             mib(draft_->context().kv_bytes()), draft_->context().n_ctx_seq());
 }
 
-void Speculator::reset(int seq) { cap_[seq] = kMaxDraft; }
+void Speculator::reset(int seq) { seqs_[seq] = Sequence(); }
 
-std::vector<int32_t> Speculator::draft(int seq, const std::vector<int32_t>& tokens, const llm::DraftParams& p, int room, int n_batch) {
+std::vector<int32_t> Speculator::draft(int seq, const std::vector<int32_t>& tokens, const llm::DraftParams& p, int room, int n_batch, int base) {
+    Sequence& s = seqs_[seq];
+    s.last = Source::None;
     llm::DraftParams capped = p;
-    capped.n_max = std::min({p.n_max, room, std::max(cap_[seq], p.n_min)});
+    capped.n_max = std::min(p.n_max, room);
     if (capped.n_max <= 0 || capped.n_max < p.n_min) return {};
     std::vector<int32_t> out;
-    if (o_.ngram) out = llm::ngram_draft(tokens, o_.ngram_n, capped.n_max);
-    if (out.empty() && draft_) {
-        try {
-            out = draft_->draft(seq, tokens, capped, n_batch);
-        } catch (const llm::Error& e) {
-            log_msg('W', "draft model: %s (no draft this step)", e.what());
-        }
+    if (o_.ngram) out = ngram_draft(s, tokens, capped.n_max, base);
+    bool model_now = draft_ != nullptr;
+    if (model_now && o_.backoff && s.skip > 0) {  // backing off from the draft model
+        s.skip--;
+        model_now = false;
     }
-    if ((int)out.size() < p.n_min) out.clear();
+    if (model_now && (out.empty() || model_beats_ngram(s, (int)out.size(), base))) {
+        std::vector<int32_t> by_model = model_draft(s, seq, tokens, capped, n_batch, base);
+        if (!by_model.empty() && !out.empty()) {  // the lookup's proposal is checked against what follows
+            s.unverified = std::move(out);
+            s.unverified_at = tokens.size();
+        }
+        if (!by_model.empty()) out = std::move(by_model);
+    }
+    if ((int)out.size() < p.n_min) {
+        out.clear();
+        s.last = Source::None;
+    }
     return out;
+}
+
+// The lookup's proposal, cut to the length the cost model prefers for its acceptance so far; one that
+// is not verified (cut to nothing) is checked against the tokens that follow instead.
+std::vector<int32_t> Speculator::ngram_draft(Sequence& s, const std::vector<int32_t>& tokens, int n_max, int base) {
+    if (!s.unverified.empty() && tokens.size() > s.unverified_at) {
+        size_t kept = 0;
+        const size_t seen = std::min(s.unverified.size(), tokens.size() - s.unverified_at);
+        while (kept < seen && tokens[s.unverified_at + kept] == s.unverified[kept]) kept++;
+        s.ngram_outcome(kept, kept < seen);
+        s.unverified.clear();
+    }
+    std::vector<int32_t> out = llm::ngram_draft(tokens, o_.ngram_n, n_max);
+    if (out.empty() || !o_.backoff) {
+        s.last = out.empty() ? Source::None : Source::Ngram;
+        return out;
+    }
+    const double alpha = s.ngram_kept / (s.ngram_kept + s.ngram_rejected);
+    const int k = cost_.best_length(alpha, (int)out.size(), base, 0);
+    if (k == 0) {
+        s.unverified = std::move(out);
+        s.unverified_at = tokens.size();
+        return {};
+    }
+    out.resize(k);
+    s.last = Source::Ngram;
+    return out;
+}
+
+// With both drafters: whether the draft model's yield per ms so far beats the lookup's draft of k (by
+// its acceptance so far); a draft model not tried yet is tried.
+bool Speculator::model_beats_ngram(const Sequence& s, int k, int base) const {
+    if (!o_.backoff) return false;
+    if (!s.model_tried) return true;
+    const double alpha = s.ngram_kept / (s.ngram_kept + s.ngram_rejected);
+    return cost_.rate(s.model_kept, s.model_drafted, s.model_ms, base) > cost_.rate(llm::DraftCost::expected_kept(alpha, k), k, 0, base);
+}
+
+// The draft model's draft, its length capped where the next token's expected yield no longer pays for
+// its decode. The catch-up of tokens drafted by the lookup or skipped while backing off is not counted
+// in the call's cost.
+std::vector<int32_t> Speculator::model_draft(Sequence& s, int seq, const std::vector<int32_t>& tokens, const llm::DraftParams& p, int n_batch,
+                                             int base) {
+    llm::DraftParams capped = p;
+    if (o_.backoff && s.model_tried) {
+        const double alpha = s.model_kept_sum / (s.model_kept_sum + s.model_rejected);
+        capped.n_max = std::max({1, p.n_min, cost_.best_length(alpha, p.n_max, base, s.model_ms / std::max(1.0, s.model_decodes))});
+        capped.n_max = std::min(capped.n_max, p.n_max);
+    }
+    std::vector<int32_t> out;
+    try {
+        if (draft_->cached_prefix(seq, tokens) + 2 < tokens.size())  // more than the usual last one or two
+            draft_->feed(seq, std::vector<int32_t>(tokens.begin(), tokens.end() - 1), n_batch);
+        const double t0 = now_seconds();
+        out = draft_->draft(seq, tokens, capped, n_batch);
+        s.call_ms = (now_seconds() - t0) * 1000;
+    } catch (const llm::Error& e) {
+        log_msg('W', "draft model: %s (no draft this step)", e.what());
+        return {};
+    }
+    // Its decodes: the last token, then each drafted token but one that reached the cap.
+    s.call_decodes = 1 + (double)out.size() - ((int)out.size() == capped.n_max);
+    s.call_base = base;
+    if ((int)out.size() < p.n_min) out.clear();
+    if (out.empty()) record_model_call(s, 0, 0);
+    else s.last = Source::Model;
+    return out;
+}
+
+// The draft model's averages after a call, and whether the sequence backs off from it.
+void Speculator::record_model_call(Sequence& s, int n_drafted, int n_kept) {
+    const double w = s.model_tried ? 0.25 : 1.0;  // the first call sets the averages
+    s.model_ms += w * (s.call_ms - s.model_ms);
+    s.model_decodes += w * (s.call_decodes - s.model_decodes);
+    s.model_drafted += w * (n_drafted - s.model_drafted);
+    s.model_kept += w * (n_kept - s.model_kept);
+    s.model_kept_sum = 0.9 * s.model_kept_sum + n_kept;
+    s.model_rejected = 0.9 * s.model_rejected + (n_kept < n_drafted);
+    s.model_tried = true;
+    if (!o_.backoff) return;
+    if (cost_.pays(s.model_kept, s.model_drafted, s.model_ms, s.call_base)) {
+        s.backoff = 1;
+    } else {
+        s.skip = s.backoff;
+        s.backoff = std::min(kMaxBackoff, 2 * s.backoff);
+    }
 }
 
 void Speculator::prefill(int seq, const std::vector<int32_t>& tokens, int n_batch) {
@@ -64,8 +161,13 @@ void Speculator::prefill(int seq, const std::vector<int32_t>& tokens, int n_batc
 }
 
 void Speculator::record(int seq, int n_drafted, int n_accepted) {
-    if (n_drafted == 0) return;
-    cap_[seq] = n_accepted == n_drafted ? std::min(kMaxDraft, 2 * n_drafted) : n_accepted + 1;
+    Sequence& s = seqs_[seq];
+    if (s.last == Source::Ngram) {
+        s.ngram_outcome(n_accepted, n_accepted < n_drafted);
+    } else if (s.last == Source::Model) {
+        record_model_call(s, n_drafted, n_accepted);
+    }
+    s.last = Source::None;
 }
 
 std::string Speculator::describe() const {

@@ -166,8 +166,42 @@ double metric(const std::string& text, const std::string& name) {
 
 }  // namespace
 
+TEST_CASE("speculative: the cost model sizes drafts by measured decode times and acceptance") {
+    llm::DraftCost cost;
+    // Before any measurement: everything is worth a try.
+    CHECK(cost.decode_ms(4) == 0);
+    CHECK(cost.best_length(0.1, 16, 1, 0) == 16);
+    CHECK(cost.pays(0, 5, 100, 1));
+    // The 1.5B target's batch costs on AVX-512 (ms): pp1 64, pp2 66, pp4 67, pp8 83, pp16 153.
+    for (auto [n, ms] : {std::pair<int, double>{1, 64}, {2, 66}, {4, 67}, {8, 83}, {16, 153}}) cost.record_decode(n, ms);
+    cost.record_decode(0, 1);     // ignored: no entries
+    cost.record_decode(100, 1);   // ignored: a prompt chunk beyond the tracked sizes
+    CHECK(cost.decode_ms(8) == doctest::Approx(83));
+    CHECK(cost.decode_ms(3) == doctest::Approx(66 * 1.04 / 1.02));  // from pp2 by the prior's shape
+    CHECK(cost.decode_ms(32) == doctest::Approx(153 * 4.0 / 2.0));  // from pp16: linear beyond 8
+    cost.record_decode(8, 93);  // a moving average
+    CHECK(cost.decode_ms(8) == doctest::Approx(0.8 * 83 + 0.2 * 93));
+    cost.record_decode(8, 75);  // back: 0.8 * 85 + 0.2 * 75 = 83
+    CHECK(cost.decode_ms(8) == doctest::Approx(83));
+    CHECK(llm::DraftCost::expected_kept(0.5, 3) == doctest::Approx(0.5 + 0.25 + 0.125));
+    CHECK(llm::DraftCost::expected_kept(1.0, 7) == doctest::Approx(7));
+    // Free drafts (n-gram): a poor guess is still worth one row (1.1 tokens in 66 ms against 1 in 64),
+    // not two; a good one is verified 9 at a time, where the extrapolated costs start to climb.
+    CHECK(cost.best_length(0.1, 16, 1, 0) == 1);
+    CHECK(cost.best_length(0.01, 16, 1, 0) == 0);
+    CHECK(cost.best_length(0.97, 16, 1, 0) == 9);
+    CHECK(cost.best_length(0.97, 4, 1, 0) == 4);
+    // A draft model at 21.6 ms a token: the same acceptance earns shorter drafts.
+    CHECK(cost.best_length(0.97, 16, 1, 21.6) == 5);
+    CHECK(cost.best_length(0.3, 16, 1, 21.6) == 0);
+    // Free-form text: the draft model mostly stops at once (0.44 drafted, 0.41 kept per call of 31 ms):
+    // it does not pay; rewriting code (5.7 drafted, 5.5 kept per call of 145 ms) does.
+    CHECK(!cost.pays(0.41, 0.44, 31, 1));
+    CHECK(cost.pays(5.5, 5.7, 145, 1));
+}
+
 TEST_CASE("speculative: server with the target as its own draft: every draft accepted, the same tokens, 4 slots mixing") {
-    auto s = tiny_server({"-md", golden("tiny-llama-F16.gguf"), "--draft-p-min", "0"});
+    auto s = tiny_server({"-md", golden("tiny-llama-F16.gguf"), "--draft-p-min", "0", "--spec-backoff", "none"});
     const int port = s->port;
     const json plain = complete(port, greedy_body(kIds, 40, 0));
     const json spec = complete(port, greedy_body(kIds, 40, 16));
@@ -221,19 +255,28 @@ TEST_CASE("speculative: server with the target as its own draft: every draft acc
     for (int i = 0; i < 4; i++) CHECK(slots.body[i]["speculative"].is_boolean());
 }
 
-TEST_CASE("speculative: server with a different draft model: few drafts accepted, the output unchanged") {
-    auto s = tiny_server({"-md", golden("tiny-qwen2-F16.gguf"), "--draft-p-min", "0", "--draft-max", "4"});
-    const int port = s->port;
-    for (int i = 0; i < 3; i++) {
-        std::vector<int32_t> p = kIds;
-        p[1] = 500 + i;
-        const json plain = complete(port, greedy_body(p, 32, 0));
-        const json spec = complete(port, greedy_body(p, 32, 4));
-        CHECK(spec["tokens"] == plain["tokens"]);
-        const int drafted = spec["timings"]["draft_n"], accepted = spec["timings"]["draft_n_accepted"];
-        CHECK(drafted >= 16);
-        CHECK(accepted * 4 < drafted);
+TEST_CASE("speculative: server with a different draft model: few drafts accepted, the output unchanged; the cost model backs off") {
+    // --spec-backoff none: every step drafts; cost (the default): a draft model that costs as much as
+    // the target and is rarely right is skipped for 1, 2, 4 .. steps after each try.
+    int drafted_by_mode[2] = {0, 0};
+    for (int mode = 0; mode < 2; mode++) {
+        auto s = tiny_server({"-md", golden("tiny-qwen2-F16.gguf"), "--draft-p-min", "0", "--draft-max", "4", "--spec-backoff", mode ? "cost" : "none"});
+        const int port = s->port;
+        for (int i = 0; i < 3; i++) {
+            std::vector<int32_t> p = kIds;
+            p[1] = 500 + i;
+            const json plain = complete(port, greedy_body(p, 32, 0));
+            const json spec = complete(port, greedy_body(p, 32, 4));
+            CHECK(spec["tokens"] == plain["tokens"]);
+            const int drafted = spec["timings"].value("draft_n", 0), accepted = spec["timings"].value("draft_n_accepted", 0);
+            if (mode == 0) CHECK(drafted >= 16);
+            CHECK(accepted * 4 <= drafted);
+            drafted_by_mode[mode] += drafted;
+        }
     }
+    MESSAGE("drafted without back-off " << drafted_by_mode[0] << ", with " << drafted_by_mode[1]);
+    CHECK(drafted_by_mode[1] * 3 < drafted_by_mode[0]);
+    CHECK(drafted_by_mode[1] > 0);  // it tries again now and then
 }
 
 TEST_CASE("speculative: server with n-gram lookup: the greedy output's own repeats are drafted, the output unchanged") {
@@ -252,7 +295,7 @@ TEST_CASE("speculative: server with n-gram lookup: the greedy output's own repea
 }
 
 TEST_CASE("speculative: sampled tokens follow the target's distribution (chi-square), seed for seed as without drafts") {
-    auto s = tiny_server({"-md", golden("tiny-llama-F16.gguf"), "--draft-p-min", "0"});
+    auto s = tiny_server({"-md", golden("tiny-llama-F16.gguf"), "--draft-p-min", "0", "--spec-backoff", "none"});
     const int port = s->port;
     // The target's own distribution of the third token after the prompt and a fixed two-token prefix,
     // through the chain the requests use (top_k 4, temperature 1).
@@ -336,7 +379,7 @@ TEST_CASE("speculative: -p mode with n-gram lookup and a draft model prints the 
     std::string plain, ngram, self, log;
     REQUIRE(testutil::run(base + "2>/dev/null", &plain) == 0);
     REQUIRE(testutil::run(base + "--spec-type ngram-simple 2>/dev/null", &ngram) == 0);
-    REQUIRE(testutil::run(base + "-md " + kModel + " --draft-p-min 0 2>&1 >/dev/null", &log) == 0);
+    REQUIRE(testutil::run(base + "-md " + kModel + " --draft-p-min 0 --spec-backoff none 2>&1 >/dev/null", &log) == 0);
     REQUIRE(testutil::run(base + "-md " + kModel + " --draft-p-min 0 2>/dev/null", &self) == 0);
     CHECK(plain.size() > strlen("def add"));
     CHECK(ngram == plain);
