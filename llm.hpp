@@ -1125,6 +1125,9 @@ size_t memory_available();
 
 // Expert routing of one token (exposed for tests): writes hp.n_expert_used expert ids and weights.
 void moe_route(const HParams& hp, const float* router_logits, const float* selection_bias, int32_t* experts, float* weights);
+// RoPE's cos/sin of every rotated pair at one position (exposed for tests): hp.n_rot values, as ggml's
+// rope cache, with freq_factors (nullptr: none) and YaRN as hp configures them.
+void rope_angles(const HParams& hp, const float* freq_factors, int pos, float base, float* cs);
 
 } // namespace llm
 
@@ -13523,9 +13526,9 @@ Placement offload_placement(int n_layer, int n_gpu_layers, const std::vector<int
     // share exceeds (il - first) / (layers offloaded, the output counted).
     const int n_offloaded = all ? n_layer + 1 : n_gpu_layers;
     for (int il = p.first_device_layer; il < n_layer + (all ? 1 : 0); il++) {
-        const float at = float(il - p.first_device_layer) / (float)n_offloaded;
-        const size_t d = std::min<size_t>(devices.size() - 1, std::upper_bound(p.split.begin(), p.split.end(), at) - p.split.begin());
-        if (p.slices.empty() || p.slices.back().device != devices[d]) p.slices.push_back({devices[d], il, il, false});
+        const float fraction = float(il - p.first_device_layer) / (float)n_offloaded;
+        const size_t share = std::min<size_t>(devices.size() - 1, std::upper_bound(p.split.begin(), p.split.end(), fraction) - p.split.begin());
+        if (p.slices.empty() || p.slices.back().device != devices[share]) p.slices.push_back({devices[share], il, il, false});
         if (il < n_layer) p.slices.back().end_layer = il + 1;
         else p.slices.back().output = true;
     }
@@ -13537,11 +13540,11 @@ Placement offload_placement(int n_layer, int n_gpu_layers, const std::vector<int
 Placement place_on_devices(int n_layer, const ModelOptions& opt, const std::vector<OffloadDevice>& found) {
     std::vector<int> devices;
     for (const std::string& name : opt.devices) {
-        int at = -1;
+        int index = -1;
         for (size_t i = 0; i < found.size(); i++)
-            if (found[i].name == name) at = (int)i;
-        if (at < 0) fail("invalid device: %s (--list-devices shows the available ones)", name.c_str());
-        devices.push_back(at);
+            if (found[i].name == name) index = (int)i;
+        if (index < 0) fail("invalid device: %s (--list-devices shows the available ones)", name.c_str());
+        devices.push_back(index);
     }
     if (opt.devices.empty())
         for (size_t i = 0; i < found.size(); i++) devices.push_back((int)i);
@@ -13550,10 +13553,8 @@ Placement place_on_devices(int n_layer, const ModelOptions& opt, const std::vect
             fail("main GPU %d: there are %zu devices", opt.main_gpu, devices.size());
         devices = {devices[opt.main_gpu]};
     }
-    if (opt.tensor_split.size() > devices.size())
-        fail("tensor split: %zu values for %zu devices", opt.tensor_split.size(), devices.size());
-    std::vector<float> shares(devices.size(), 0.0f);
-    for (size_t i = 0; i < opt.tensor_split.size() && opt.split_layers; i++) shares[i] = opt.tensor_split[i];
+    std::vector<float> shares(devices.size(), 0.0f);  // -ts values past the devices are ignored (as llama.cpp)
+    for (size_t i = 0; i < std::min(opt.tensor_split.size(), devices.size()) && opt.split_layers; i++) shares[i] = opt.tensor_split[i];
     if (std::all_of(shares.begin(), shares.end(), [](float s) { return s <= 0; }))
         for (size_t i = 0; i < devices.size(); i++) shares[i] = (float)(found[devices[i]].free_bytes >> 20);
     return offload_placement(n_layer, opt.n_gpu_layers, devices, shares);
@@ -13976,36 +13977,9 @@ struct Context::Impl {
         rms_norm(out, w, eps, n, dim);
     }
 
-    // cos/sin of every rotated pair at one position, as ggml's rope cache computes them: theta_i =
-    // pos * base^(-2i/n_rot) accumulated by repeated multiplication in float, divided by the
-    // frequency factor, then YaRN's interpolation/extrapolation mix where configured.
+    // The model's RoPE angles at one position (rope_angles, with its frequency factors).
     void rope_angles(int pos, float base, float* cs) const {
-        const HParams& hp = model.hp;
-        const int n_rot = hp.n_rot;
-        const float theta_scale = std::pow(base, -2.0f / n_rot);
-        const float* ff = model.rope_freqs ? (const float*)model.rope_freqs->data : nullptr;
-        float corr[2] = {0, 0};
-        if (hp.yarn_ext_factor != 0.0f) {
-            auto corr_dim = [&](float n_rot_beta) {
-                return n_rot * std::log(hp.n_ctx_orig / (n_rot_beta * 2 * 3.14159265358979323846f)) / (2 * std::log(base));
-            };
-            corr[0] = std::max(0.0f, std::floor(corr_dim(hp.yarn_beta_fast)));
-            corr[1] = std::min((float)(n_rot - 1), std::ceil(corr_dim(hp.yarn_beta_slow)));
-        }
-        float theta = (float)pos;
-        for (int i0 = 0; i0 < n_rot; i0 += 2) {
-            const float extrap = theta / (ff ? ff[i0 / 2] : 1.0f), interp = hp.rope_freq_scale * extrap;
-            float t = interp, mscale = hp.rope_attn_factor;
-            if (hp.yarn_ext_factor != 0.0f) {
-                const float y = (i0 / 2 - corr[0]) / std::max(0.001f, corr[1] - corr[0]);
-                const float mix = (1 - std::min(1.0f, std::max(0.0f, y))) * hp.yarn_ext_factor;
-                t = interp * (1 - mix) + extrap * mix;
-                mscale *= 1.0f + 0.1f * std::log(1.0f / hp.rope_freq_scale);
-            }
-            cs[i0] = std::cos(t) * mscale;
-            cs[i0 + 1] = std::sin(t) * mscale;
-            theta *= theta_scale;
-        }
+        llm::rope_angles(model.hp, model.rope_freqs ? (const float*)model.rope_freqs->data : nullptr, pos, base, cs);
     }
 
     // Rotates n_rot dims starting at `offset` of each head; head h of token i starts at
@@ -14631,6 +14605,36 @@ struct Context::Impl {
         device->forward(ob, x.data(), (int)logit_rows.size(), logit_rows.data(), logits.data());
     }
 };
+
+// cos/sin of every rotated pair at one position, as ggml's rope cache computes them: theta_i =
+// pos * base^(-2i/n_rot) accumulated by repeated multiplication in float, divided by the
+// frequency factor, then YaRN's interpolation/extrapolation mix where configured.
+void rope_angles(const HParams& hp, const float* freq_factors, int pos, float base, float* cs) {
+    const int n_rot = hp.n_rot;
+    const float theta_scale = std::pow(base, -2.0f / n_rot);
+    float corr[2] = {0, 0};
+    if (hp.yarn_ext_factor != 0.0f) {
+        auto corr_dim = [&](float n_rot_beta) {
+            return n_rot * std::log(hp.n_ctx_orig / (n_rot_beta * 2 * 3.14159265358979323846f)) / (2 * std::log(base));
+        };
+        corr[0] = std::max(0.0f, std::floor(corr_dim(hp.yarn_beta_fast)));
+        corr[1] = std::min((float)(n_rot - 1), std::ceil(corr_dim(hp.yarn_beta_slow)));
+    }
+    float theta = (float)pos;
+    for (int i0 = 0; i0 < n_rot; i0 += 2) {
+        const float extrap = theta / (freq_factors ? freq_factors[i0 / 2] : 1.0f), interp = hp.rope_freq_scale * extrap;
+        float t = interp, mscale = hp.rope_attn_factor;
+        if (hp.yarn_ext_factor != 0.0f) {
+            const float y = (i0 / 2 - corr[0]) / std::max(0.001f, corr[1] - corr[0]);
+            const float mix = (1 - std::min(1.0f, std::max(0.0f, y))) * hp.yarn_ext_factor;
+            t = interp * (1 - mix) + extrap * mix;
+            mscale *= 1.0f + 0.1f * std::log(1.0f / hp.rope_freq_scale);
+        }
+        cs[i0] = std::cos(t) * mscale;
+        cs[i0 + 1] = std::sin(t) * mscale;
+        theta *= theta_scale;
+    }
+}
 
 // Chooses the experts of one token: gating (softmax or sigmoid), optional selection bias, optional
 // group-limited selection (keep the groups whose two best experts score highest), top-k, then the

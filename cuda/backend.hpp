@@ -12,9 +12,11 @@
 #include "params.h"
 
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <tuple>
@@ -24,6 +26,12 @@ namespace llm_gpu {
 
 struct Grid {
     unsigned x = 1, y = 1, z = 1;
+};
+
+// A device's record of a batch's launches (Device::capture), freed with it.
+class Graph {
+public:
+    virtual ~Graph() = default;
 };
 
 // What the backend needs of a device: memory, copies, launches of the kernels by their extern "C" name
@@ -44,6 +52,12 @@ public:
     // major * 10 + minor ("80": sm_80), which picks the kernels a batch uses (0: unknown, none of the
     // architecture-specific ones).
     virtual int compute_capability() const { return 0; }
+    // Decode graphs (CUDA graphs): calls `launches` with this thread's launches recorded, not run, and
+    // returns the record, which replay() runs as one launch (the kernels read their per-token inputs
+    // from device memory, so one record serves every token of its shape). nullptr and why_not when the
+    // device cannot record them: nothing ran, the caller launches one by one.
+    virtual std::unique_ptr<Graph> capture(const std::function<void()>& launches, std::string& why_not) = 0;
+    virtual void replay(Graph& graph) = 0;
 };
 
 template <class... Args> void launch(Device& d, const char* kernel, Grid grid, Grid block, Args... args) {
@@ -125,7 +139,8 @@ public:
     Forward(Device& dev, const llm::Model& model, const llm::ContextParams& cp, int n_cells, const llm::Placement::Slice& slice)
         : dev_(dev), model_(model), hp_(model.hp), n_cells_(n_cells), first_layer_(slice.first_layer), has_output_(slice.output), type_k_(cp.type_k),
           type_v_(cp.type_v), exact_softmax_(cp.flash_attn == llm::FlashAttn::Off), rot_k_(llm::kv_rotation(cp.type_k, hp_.head_dim_k, true, hp_.mla)),
-          rot_v_(llm::kv_rotation(cp.type_v, hp_.head_dim_v, false, hp_.mla)), tensor_cores_(uses_tensor_cores(dev)) {
+          rot_v_(llm::kv_rotation(cp.type_v, hp_.head_dim_v, false, hp_.mla)), tensor_cores_(uses_tensor_cores(dev)),
+          graphs_on_(!std::getenv("GGML_CUDA_DISABLE_GRAPHS")) {
         check_supported();
         for (int il = slice.first_layer; il < slice.end_layer; il++) layers_.push_back(upload_layer(il));
         if (has_output_) {
@@ -137,26 +152,20 @@ public:
 
     size_t bytes_per_cell() const override { return layers_.size() * (k_row_bytes() + v_row_bytes()); }
 
+    // The batch's inputs go over in two copies (the activations, then one table of positions,
+    // sequences, cells, logits rows and pages), its launches run one by one or as the decode graph of
+    // its shape, and the activations or the logits come back in one copy.
     void forward(const llm::OffloadBatch& b, float* x, int n_logits, const int32_t* logit_rows, float* logits) override {
-        const int n = (int)b.batch->size();
-        const int64_t E = hp_.n_embd;
-        reserve(n, has_output_ ? std::max(1, n_logits) : 0, b);
-        dev_.upload(x_.get(), x, sizeof(float) * n * E);
-        dev_.upload(pos_.get(), b.batch->pos.data(), sizeof(int32_t) * n);
-        dev_.upload(seq_.get(), b.batch->seq.data(), sizeof(int32_t) * n);
-        dev_.upload(cells_.get(), b.cells, sizeof(int32_t) * n);
-        dev_.upload(pages_.get(), b.page_cells, sizeof(int32_t) * page_table_ints(b));
-        for (size_t i = 0; i < layers_.size(); i++) run_layer(layers_[i], first_layer_ + (int)i, b, n);
-        if (!has_output_) {
-            dev_.download(x, x_.get(), sizeof(float) * n * E);
-            return;
-        }
-        if (n_logits == 0) return;
-        dev_.upload(logit_rows_.get(), logit_rows, sizeof(int32_t) * n_logits);
-        launch(dev_, "gather_rows", {unsigned(n_logits)}, {256}, x_.get<const float>(), logit_rows_.get<const int>(), cur_.get<float>(), int(E));
-        norm(output_norm_, cur_.get<float>(), n_logits, int(E));
-        matmul(output_, cur_.get<const float>(), n_logits, logits_.get<float>());
-        dev_.download(logits, logits_.get(), sizeof(float) * n_logits * hp_.n_vocab);
+        const int n = (int)b.batch->size(), n_output_rows = has_output_ ? n_logits : 0;
+        const int64_t embd = hp_.n_embd;
+        llm::OffloadBatch padded = b;  // the device's page table: rows at a bucketed stride
+        padded.pages_per_seq = page_table_stride(b);
+        reserve(n, has_output_ ? std::max(1, n_logits) : 0, padded);
+        dev_.upload(x_.get(), x, sizeof(float) * n * embd);
+        upload_tables(b, padded.pages_per_seq, n_output_rows, logit_rows);
+        run_launches(padded, n, n_output_rows);
+        if (!has_output_) dev_.download(x, x_.get(), sizeof(float) * n * embd);
+        else if (n_logits > 0) dev_.download(logits, logits_.get(), sizeof(float) * n_logits * hp_.n_vocab);
     }
 
     std::vector<uint8_t> read_cells(const std::vector<int32_t>& cells) override {
@@ -186,7 +195,16 @@ private:
     int capacity_ = 0, logit_capacity_ = 0;
     size_t page_capacity_ = 0;
     Buffer x_, cur_, tmp_, q_, k_, v_, attn_, gate_, up_, act_q8_, rope_cs_, logits_;
-    Buffer pos_, seq_, cells_, pages_, logit_rows_;
+    // One table per batch, uploaded at once (upload_tables): positions, sequences, cells, logits rows,
+    // page table; where this batch's parts start in it (the same places for every batch of a shape).
+    Buffer tables_;
+    std::vector<int32_t> host_tables_;
+    const int *pos_ = nullptr, *seq_ = nullptr, *cells_ = nullptr, *logit_rows_ = nullptr, *pages_ = nullptr;
+    // Decode graphs by shape (tokens, logits rows, page table stride); a shape seen once maps to nullptr
+    // until it comes again. Cleared when reserve() reallocates the buffers they read.
+    bool graphs_on_;
+    std::map<std::tuple<int, int, int>, std::unique_ptr<Graph>> graphs_;
+    static constexpr size_t kMaxGraphs = 16;
     // MoE: router logits, each token's experts and weights, the expert-sorted rows (moe_group).
     Buffer router_, experts_, expert_weights_, expert_first_, row_token_, slot_, gathered_, expert_out_, shexp_out_;
     // MLA: the projected query and [latent | rope] rows, the low-rank query, one head's slice in and
@@ -299,9 +317,7 @@ private:
         visit(&Forward::act_q8_, N * std::max((widest + 31) / 32 * kQ8_1Bytes, (widest + 255) / 256 * kQ8_KBytes));
         visit(&Forward::rope_cs_, N * hp.n_rot * f);
         visit(&Forward::logits_, n_logits * hp.n_vocab * f);
-        visit(&Forward::pos_, N * 4), visit(&Forward::seq_, N * 4), visit(&Forward::cells_, N * 4);
-        visit(&Forward::pages_, std::max<size_t>(1, pages) * 4);
-        visit(&Forward::logit_rows_, n_logits * 4);
+        visit(&Forward::tables_, (3 * N + n_logits + std::max<size_t>(1, pages)) * 4);  // upload_tables' layout
         if (hp.mla) {
             const size_t heads = hp.n_head, rank = hp.kv_lora_rank, rot = hp.n_rot, nope = hp.qk_nope, v_dim = hp.v_head_dim;
             visit(&Forward::mla_q_, N * heads * (nope + rot) * f), visit(&Forward::mla_kv_a_, N * (rank + rot) * f);
@@ -325,6 +341,7 @@ private:
         const int tokens = std::max(n, capacity_), logit_rows = std::max(n_logits, logit_capacity_);
         const size_t page_ints = std::max(pages, page_capacity_);
         capacity_ = logit_capacity_ = 0, page_capacity_ = 0;
+        graphs_.clear();  // they read the buffers released here
         activation_buffers(hp_, 0, 0, 0, [&](Buffer Forward::*buffer, size_t) { this->*buffer = Buffer(); });
         activation_buffers(hp_, tokens, logit_rows, page_ints, [&](Buffer Forward::*buffer, size_t bytes) { this->*buffer = Buffer(dev_, bytes); });
         capacity_ = tokens, logit_capacity_ = logit_rows, page_capacity_ = page_ints;
@@ -335,6 +352,69 @@ private:
     static bool uses_tensor_cores(const Device& dev) {
         const char* env = std::getenv("LLM_CUDA_MMA");
         return dev.compute_capability() >= 80 && !(env && std::string(env) == "0");
+    }
+
+    // The page table's row stride for b: its pages per sequence rounded up to a power of two (at most
+    // the cache's pages), so a decode graph stays valid while its sequences grow within the bucket.
+    int page_table_stride(const llm::OffloadBatch& b) const {
+        const int cache_pages = (n_cells_ + b.page_size - 1) / b.page_size;
+        int stride = 1;
+        while (stride < b.pages_per_seq) stride *= 2;
+        return std::max(b.pages_per_seq, std::min(stride, cache_pages));
+    }
+
+    // b's positions, sequences, cells, the n_output_rows logits rows and its page table (rows at
+    // page_stride, padded) in one upload, in that order.
+    void upload_tables(const llm::OffloadBatch& b, int page_stride, int n_output_rows, const int32_t* logit_rows) {
+        const size_t n = b.batch->size(), pages_at = 3 * n + n_output_rows;
+        host_tables_.assign(pages_at + size_t(page_stride) * b.n_seq, 0);
+        int32_t* table = host_tables_.data();
+        std::copy(b.batch->pos.begin(), b.batch->pos.end(), table);
+        std::copy(b.batch->seq.begin(), b.batch->seq.end(), table + n);
+        std::copy(b.cells, b.cells + n, table + 2 * n);
+        std::copy(logit_rows, logit_rows + n_output_rows, table + 3 * n);
+        for (int s = 0; s < b.n_seq; s++)
+            std::copy(b.page_cells + size_t(s) * b.pages_per_seq, b.page_cells + size_t(s + 1) * b.pages_per_seq, table + pages_at + size_t(s) * page_stride);
+        dev_.upload(tables_.get(), table, sizeof(int32_t) * host_tables_.size());
+        const int* device_table = tables_.get<const int>();
+        pos_ = device_table, seq_ = device_table + n, cells_ = device_table + 2 * n, logit_rows_ = device_table + 3 * n;
+        pages_ = device_table + pages_at;
+    }
+
+    // Every launch of the batch: one by one, or, for decode (at most kMaxMatvecTokens tokens), as the
+    // graph of its shape, recorded the second time the shape comes (a one-off short prompt is not
+    // worth a capture) and replayed from then on.
+    void run_launches(const llm::OffloadBatch& b, int n, int n_output_rows) {
+        const std::function<void()> launches = [&] {
+            for (size_t i = 0; i < layers_.size(); i++) run_layer(layers_[i], first_layer_ + (int)i, b, n);
+            if (n_output_rows > 0) output(n_output_rows);
+        };
+        if (!graphs_on_ || n > kMaxMatvecTokens) return launches();
+        const auto shape = std::make_tuple(n, n_output_rows, b.pages_per_seq);
+        auto graph = graphs_.find(shape);
+        if (graph == graphs_.end()) {
+            if (graphs_.size() >= kMaxGraphs) graphs_.clear();
+            graphs_.emplace(shape, nullptr);
+            return launches();
+        }
+        if (!graph->second) {
+            std::string why_not;
+            graph->second = dev_.capture(launches, why_not);
+            if (!graph->second) {
+                fprintf(stderr, "llm: %s: no CUDA graphs (%s): kernels launched one by one\n", dev_.name().c_str(), why_not.c_str());
+                graphs_on_ = false;
+                return launches();
+            }
+        }
+        dev_.replay(*graph->second);
+    }
+
+    // The logits of the n_rows rows logit_rows_ names (the output's slice).
+    void output(int n_rows) {
+        const int embd = int(hp_.n_embd);
+        launch(dev_, "gather_rows", {unsigned(n_rows)}, {256}, x_.get<const float>(), logit_rows_, cur_.get<float>(), embd);
+        norm(output_norm_, cur_.get<float>(), n_rows, embd);
+        matmul(output_, cur_.get<const float>(), n_rows, logits_.get<float>());
     }
 
     // y (n x rows) = x (n x k) W^T: quantized types against q8_1 / q8_K activations through dp4a (the
@@ -349,27 +429,27 @@ private:
         product(w, x, n_rows, n_per_expert, y, expert_first_.get<const int>());
     }
     void product(const DeviceTensor& w, const float* x, int n_rows, int n_per_expert, float* y, const int* expert_first) {
-        const std::string type = kernel_type_name(w.type), id = expert_first ? "id_" : "";
-        const int k = int(w.k), rows = int(w.rows);
+        const std::string type_name = kernel_type_name(w.type), expert_infix = expert_first ? "id_" : "";
+        const int row_values = int(w.k), rows = int(w.rows);
         const unsigned n_experts = expert_first ? unsigned(hp_.n_expert) : 1;
-        const uint8_t* W = w.data.get<const uint8_t>();
+        const uint8_t* weights = w.data.get<const uint8_t>();
         const Grid per_row{unsigned((rows + kMatvecRowsPerBlock - 1) / kMatvecRowsPerBlock), unsigned(n_per_expert), n_experts};
         const Grid tiles{unsigned((rows + kTile - 1) / kTile), unsigned((n_per_expert + kTile - 1) / kTile), n_experts};
         const bool matvec = n_per_expert <= kMaxMatvecTokens;
-        const char* act_type = int_activation(w.type);
-        const bool dp4a = act_type != nullptr;
+        const char* activation_type = int_activation(w.type);
+        const bool dp4a = activation_type != nullptr;
         if (dp4a) {  // one warp per activation block
-            const size_t blocks = size_t(n_rows) * k / (std::string(act_type) == "q8_K" ? 256 : 32);
-            launch(dev_, ("quantize_" + std::string(act_type)).c_str(), {unsigned((blocks + 7) / 8)}, {256}, x, act_q8_.get<void>(), n_rows * k);
+            const size_t blocks = size_t(n_rows) * row_values / (std::string(activation_type) == "q8_K" ? 256 : 32);
+            launch(dev_, ("quantize_" + std::string(activation_type)).c_str(), {unsigned((blocks + 7) / 8)}, {256}, x, act_q8_.get<void>(), n_rows * row_values);
         }
         const bool mma = dp4a && tensor_cores_ && n_per_expert >= kMinMmaTokens;
-        const std::string name = (matvec ? "matvec_" : mma ? "matmul_mma_" : "matmul_") + (dp4a ? std::string(act_type) + "_" : "") + id + type;
+        const std::string name = (matvec ? "matvec_" : mma ? "matmul_mma_" : "matmul_") + (dp4a ? std::string(activation_type) + "_" : "") + expert_infix + type_name;
         const Grid mma_tiles{unsigned((rows + kMmaRows - 1) / kMmaRows), unsigned((n_per_expert + kMmaTokens - 1) / kMmaTokens), n_experts};
         const Grid grid = matvec ? per_row : mma ? mma_tiles : tiles, block{unsigned(matvec ? kMatvecThreads : mma ? kMmaThreads : kMatmulThreads)};
-        const void* act = dp4a ? act_q8_.get<const void>() : x;
-        if (expert_first) launch(dev_, name.c_str(), grid, block, W, w.expert_bytes, w.row_bytes, act, y, k, rows, expert_first);
-        else if (matvec) launch(dev_, name.c_str(), grid, block, W, w.row_bytes, act, y, k, rows);
-        else launch(dev_, name.c_str(), grid, block, W, w.row_bytes, act, y, k, rows, n_rows);
+        const void* activations = dp4a ? act_q8_.get<const void>() : x;
+        if (expert_first) launch(dev_, name.c_str(), grid, block, weights, w.expert_bytes, w.row_bytes, activations, y, row_values, rows, expert_first);
+        else if (matvec) launch(dev_, name.c_str(), grid, block, weights, w.row_bytes, activations, y, row_values, rows);
+        else launch(dev_, name.c_str(), grid, block, weights, w.row_bytes, activations, y, row_values, rows, n_rows);
     }
 
     // RMSNorm of n rows of dim values in place.
@@ -389,17 +469,17 @@ private:
     void rope(float* data, int n, int n_heads, int head_stride, int offset, float base) {
         const RopeParams p{hp_.n_rot, base, hp_.rope_freq_scale, hp_.rope_attn_factor, hp_.yarn_ext_factor, hp_.yarn_beta_fast,
             hp_.yarn_beta_slow, hp_.n_ctx_orig, rope_freqs_ ? rope_freqs_.data.get<const float>() : nullptr};
-        launch(dev_, "rope_cache", {unsigned((n + 63) / 64)}, {64}, pos_.get<const int>(), rope_cs_.get<float>(), n, p);
+        launch(dev_, "rope_cache", {unsigned((n + 63) / 64)}, {64}, pos_, rope_cs_.get<float>(), n, p);
         launch(dev_, "rope", {unsigned(n)}, {128}, data, rope_cs_.get<const float>(), n_heads, head_stride, offset, hp_.n_rot,
                int(hp_.rope_type == llm::RopeType::Neox));
     }
 
     void attention(DeviceLayer& L, int il, const llm::OffloadBatch& b, int n) {
-        const int Q = hp_.n_head * hp_.head_dim_k;
+        const int q_width = hp_.n_head * hp_.head_dim_k;
         matmul(L.wq, cur_.get<const float>(), n, q_.get<float>());
         matmul(L.wk, cur_.get<const float>(), n, k_.get<float>());
         matmul(L.wv, cur_.get<const float>(), n, v_.get<float>());
-        if (L.bq) add(q_.get<float>(), L.bq.data.get<const float>(), (long long)n * Q, Q);
+        if (L.bq) add(q_.get<float>(), L.bq.data.get<const float>(), (long long)n * q_width, q_width);
         if (L.bk) add(k_.get<float>(), L.bk.data.get<const float>(), (long long)n * kv_row(), kv_row());
         if (L.bv) add(v_.get<float>(), L.bv.data.get<const float>(), (long long)n * kv_row(), kv_row());
         if (L.q_norm) {
@@ -410,7 +490,7 @@ private:
         rope(q_.get<float>(), n, hp_.n_head, hp_.head_dim_k, 0, swa ? hp_.rope_base_swa : hp_.rope_base);
         rope(k_.get<float>(), n, hp_.n_head_kv, hp_.head_dim_k, 0, swa ? hp_.rope_base_swa : hp_.rope_base);
         if (rot_k_) {
-            hadamard(q_.get<float>(), (long long)n * Q, rot_k_);
+            hadamard(q_.get<float>(), (long long)n * q_width, rot_k_);
             hadamard(k_.get<float>(), (long long)n * kv_row(), rot_k_);
         }
         if (rot_v_) hadamard(v_.get<float>(), (long long)n * kv_row(), rot_v_);
@@ -430,7 +510,7 @@ private:
     // out = down(act(gate(x)) * up(x)) for the n rows of x.
     // n rows of kv_row() values into their cells of a cache of type t.
     void store_rows(llm::Type t, const float* rows, Buffer& cache, int n, size_t row_bytes) {
-        launch(dev_, ("store_rows_" + std::string(kv_kernel_type_name(t))).c_str(), {unsigned(n)}, {128}, rows, cache.get<uint8_t>(), cells_.get<const int>(),
+        launch(dev_, ("store_rows_" + std::string(kv_kernel_type_name(t))).c_str(), {unsigned(n)}, {128}, rows, cache.get<uint8_t>(), cells_,
                int(kv_row()), row_bytes);
     }
 
@@ -440,7 +520,7 @@ private:
             b.page_size, int(exact_softmax_)};
         const std::string kernel = std::string("flash_attn_") + kv_kernel_type_name(tk) + "_" + kv_kernel_type_name(tv);
         launch(dev_, kernel.c_str(), {unsigned((n * hp_.n_head + kAttnThreads / 32 - 1) / (kAttnThreads / 32))}, {unsigned(kAttnThreads)}, q_.get<const float>(),
-               k_cache, v_cache, pos_.get<const int>(), seq_.get<const int>(), pages_.get<const int>(), attn_.get<float>(), p);
+               k_cache, v_cache, pos_, seq_, pages_, attn_.get<float>(), p);
     }
 
     // Row by row: width values from src_offset of src's rows to dst_offset of dst's.
@@ -453,39 +533,39 @@ private:
     // each head's query is folded into latent space (q_nope k_b), attention runs there with the
     // latent as V, and v_b maps the result back.
     void attention_mla(DeviceLayer& L, const llm::OffloadBatch& b, int n) {
-        const int H = hp_.n_head, R = hp_.kv_lora_rank, nope = hp_.qk_nope, rot = hp_.n_rot, vd = hp_.v_head_dim;
-        const int qh = nope + rot, row = R + rot;
-        float* qp = mla_q_.get<float>();
+        const int n_head = hp_.n_head, rank = hp_.kv_lora_rank, nope = hp_.qk_nope, rot = hp_.n_rot, v_dim = hp_.v_head_dim;
+        const int q_head = nope + rot, row = rank + rot;
+        float* q_proj = mla_q_.get<float>();
         float* kv_a = mla_kv_a_.get<float>();
         if (L.wq_a) {
             matmul(L.wq_a, cur_.get<const float>(), n, mla_q_a_.get<float>());
             norm(L.q_a_norm, mla_q_a_.get<float>(), n, hp_.q_lora_rank);
-            matmul(L.wq_b, mla_q_a_.get<const float>(), n, qp);
+            matmul(L.wq_b, mla_q_a_.get<const float>(), n, q_proj);
         } else {
-            matmul(L.wq, cur_.get<const float>(), n, qp);
+            matmul(L.wq, cur_.get<const float>(), n, q_proj);
         }
         matmul(L.wkv_a, cur_.get<const float>(), n, kv_a);
-        rope(qp, n, H, qh, nope, hp_.rope_base);
-        rope(kv_a, n, 1, row, R, hp_.rope_base);
-        launch(dev_, "rms_norm", {unsigned(n)}, {256}, (const float*)kv_a, L.kv_a_norm.data.get<const float>(), kv_a, R, row, hp_.norm_eps);
-        copy_cols(kv_a, row, R, k_.get<float>(), row, 0, rot, n);  // cache row: [rope | latent]
-        copy_cols(kv_a, row, 0, k_.get<float>(), row, rot, R, n);
+        rope(q_proj, n, n_head, q_head, nope, hp_.rope_base);
+        rope(kv_a, n, 1, row, rank, hp_.rope_base);
+        launch(dev_, "rms_norm", {unsigned(n)}, {256}, (const float*)kv_a, L.kv_a_norm.data.get<const float>(), kv_a, rank, row, hp_.norm_eps);
+        copy_cols(kv_a, row, rank, k_.get<float>(), row, 0, rot, n);  // cache row: [rope | latent]
+        copy_cols(kv_a, row, 0, k_.get<float>(), row, rot, rank, n);
         store_rows(type_k_, k_.get<const float>(), L.k_cache, n, k_row_bytes());
-        // q (n x H x row) = [q_rope, q_nope k_b_h] per head.
-        copy_cols(qp, qh, nope, q_.get<float>(), row, 0, rot, n * H);
-        for (int h = 0; h < H; h++) {
-            copy_cols(qp, H * qh, h * qh, mla_head_in_.get<float>(), nope, 0, nope, n);
+        // q (n x n_head x row) = [q_rope, q_nope k_b_h] per head.
+        copy_cols(q_proj, q_head, nope, q_.get<float>(), row, 0, rot, n * n_head);
+        for (int h = 0; h < n_head; h++) {
+            copy_cols(q_proj, n_head * q_head, h * q_head, mla_head_in_.get<float>(), nope, 0, nope, n);
             matmul(L.k_b[h], mla_head_in_.get<const float>(), n, mla_head_out_.get<float>());
-            copy_cols(mla_head_out_.get<const float>(), R, 0, q_.get<float>(), H * row, h * row + rot, R, n);
+            copy_cols(mla_head_out_.get<const float>(), rank, 0, q_.get<float>(), n_head * row, h * row + rot, rank, n);
         }
         // The latent part of the K rows serves as V.
         const uint8_t* k_cache = L.k_cache.get<const uint8_t>();
         fused_attention(type_k_, type_k_, k_cache, k_cache + llm::row_bytes(type_k_, rot), k_row_bytes(), b, n, 0);
-        // attn (n x H x R) -> per head v_b -> (n x H x vd) -> wo.
-        for (int h = 0; h < H; h++) {
-            copy_cols(attn_.get<const float>(), H * R, h * R, mla_head_in_.get<float>(), R, 0, R, n);
+        // attn (n x n_head x rank) -> per head v_b -> (n x n_head x v_dim) -> wo.
+        for (int h = 0; h < n_head; h++) {
+            copy_cols(attn_.get<const float>(), n_head * rank, h * rank, mla_head_in_.get<float>(), rank, 0, rank, n);
             matmul(L.v_b[h], mla_head_in_.get<const float>(), n, mla_head_out_.get<float>());
-            copy_cols(mla_head_out_.get<const float>(), vd, 0, mla_v_.get<float>(), H * vd, h * vd, vd, n);
+            copy_cols(mla_head_out_.get<const float>(), v_dim, 0, mla_v_.get<float>(), n_head * v_dim, h * v_dim, v_dim, n);
         }
         matmul(L.wo, mla_v_.get<const float>(), n, tmp_.get<float>());
     }
@@ -500,38 +580,38 @@ private:
     // Mixture of experts (cur_ -> tmp_): route every token on the device, gather its rows by expert,
     // run each expert once over its rows, sum the weighted outputs back per token, add the shared experts.
     void ffn_moe(DeviceLayer& L, int n) {
-        const int X = hp_.n_expert, K = hp_.n_expert_used, E = hp_.n_embd;
+        const int n_expert = hp_.n_expert, n_used = hp_.n_expert_used, embd = hp_.n_embd;
         matmul(L.gate_inp, cur_.get<const float>(), n, router_.get<float>());
-        const MoeParams p{X, K, hp_.n_expert_groups, hp_.n_group_used, int(hp_.expert_gating == llm::ExpertGating::Sigmoid), int(hp_.expert_weights_norm),
+        const MoeParams p{n_expert, n_used, hp_.n_expert_groups, hp_.n_group_used, int(hp_.expert_gating == llm::ExpertGating::Sigmoid), int(hp_.expert_weights_norm),
             hp_.expert_weights_scale};
         launch(dev_, "moe_route", {unsigned((n + 63) / 64)}, {64}, router_.get<const float>(), L.exp_probs_b.data.get<const float>(), experts_.get<int>(),
                expert_weights_.get<float>(), n, p);
-        launch(dev_, "moe_group", {1}, {256}, experts_.get<const int>(), n, K, X, expert_first_.get<int>(), row_token_.get<int>(), slot_.get<int>());
-        launch(dev_, "gather_rows", {unsigned(n * K)}, {256}, cur_.get<const float>(), row_token_.get<const int>(), gathered_.get<float>(), E);
-        matmul_experts(L.gate_exps, gathered_.get<const float>(), n * K, n, gate_.get<float>());
-        matmul_experts(L.up_exps, gathered_.get<const float>(), n * K, n, up_.get<float>());
-        gated_activation((long long)n * K * L.gate_exps.rows);
-        matmul_experts(L.down_exps, gate_.get<const float>(), n * K, n, expert_out_.get<float>());
+        launch(dev_, "moe_group", {1}, {256}, experts_.get<const int>(), n, n_used, n_expert, expert_first_.get<int>(), row_token_.get<int>(), slot_.get<int>());
+        launch(dev_, "gather_rows", {unsigned(n * n_used)}, {256}, cur_.get<const float>(), row_token_.get<const int>(), gathered_.get<float>(), embd);
+        matmul_experts(L.gate_exps, gathered_.get<const float>(), n * n_used, n, gate_.get<float>());
+        matmul_experts(L.up_exps, gathered_.get<const float>(), n * n_used, n, up_.get<float>());
+        gated_activation((long long)n * n_used * L.gate_exps.rows);
+        matmul_experts(L.down_exps, gate_.get<const float>(), n * n_used, n, expert_out_.get<float>());
         launch(dev_, "moe_combine", {unsigned(n)}, {256}, expert_out_.get<const float>(), slot_.get<const int>(), expert_weights_.get<const float>(),
-               tmp_.get<float>(), E, K);
+               tmp_.get<float>(), embd, n_used);
         if (!L.gate_shexp) return;
         ffn_dense(L.gate_shexp, L.up_shexp, L.down_shexp, cur_.get<const float>(), n, shexp_out_.get<float>());
-        add(tmp_.get<float>(), shexp_out_.get<const float>(), (long long)n * E, (long long)n * E);
+        add(tmp_.get<float>(), shexp_out_.get<const float>(), (long long)n * embd, (long long)n * embd);
     }
 
     // One block: x += attn(norm(x)) (post-normed for gemma), then x += ffn(norm(x)).
     void run_layer(DeviceLayer& L, int il, const llm::OffloadBatch& b, int n) {
-        const int E = hp_.n_embd;
+        const int embd = hp_.n_embd;
         for (int half = 0; half < 2; half++) {
             const DeviceTensor& pre = half == 0 ? L.attn_norm : L.ffn_norm;
             const DeviceTensor& post = half == 0 ? L.post_attn_norm : L.post_ffn_norm;
-            launch(dev_, "rms_norm", {unsigned(n)}, {256}, x_.get<const float>(), pre.data.get<const float>(), cur_.get<float>(), E, E, hp_.norm_eps);
+            launch(dev_, "rms_norm", {unsigned(n)}, {256}, x_.get<const float>(), pre.data.get<const float>(), cur_.get<float>(), embd, embd, hp_.norm_eps);
             if (half == 0 && hp_.mla) attention_mla(L, b, n);
             else if (half == 0) attention(L, il, b, n);
             else if (L.gate_inp) ffn_moe(L, n);
             else ffn_dense(L.ffn_gate, L.ffn_up, L.ffn_down, cur_.get<const float>(), n, tmp_.get<float>());
-            if (post) norm(post, tmp_.get<float>(), n, E);
-            add(x_.get<float>(), tmp_.get<const float>(), (long long)n * E, (long long)n * E);
+            if (post) norm(post, tmp_.get<float>(), n, embd);
+            add(x_.get<float>(), tmp_.get<const float>(), (long long)n * embd, (long long)n * embd);
         }
     }
 };

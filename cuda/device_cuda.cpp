@@ -14,8 +14,10 @@
 #include <cstring>
 #include <memory>
 #include <vector>
+#include <functional>
 #include <map>
 #include <mutex>
+#include <string>
 
 // The fatbin's bytes (LLM_CUDA_FATBIN: its path at build time).
 #ifndef LLM_CUDA_FATBIN
@@ -42,6 +44,8 @@ using CUcontext = void*;
 using CUmodule = void*;
 using CUfunction = void*;
 using CUstream = void*;
+using CUgraph = void*;
+using CUgraphExec = void*;
 
 struct DriverApi {
     CUresult (*cuInit)(unsigned);
@@ -57,11 +61,23 @@ struct DriverApi {
     CUresult (*cuModuleGetFunction)(CUfunction*, CUmodule, const char*);
     CUresult (*cuMemAlloc)(CUdeviceptr*, size_t);
     CUresult (*cuMemFree)(CUdeviceptr);
-    CUresult (*cuMemcpyHtoD)(CUdeviceptr, const void*, size_t);
-    CUresult (*cuMemcpyDtoH)(void*, CUdeviceptr, size_t);
     CUresult (*cuMemGetInfo)(size_t*, size_t*);
     CUresult (*cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream, void**, void**);
     CUresult (*cuGetErrorString)(CUresult, const char**);
+    CUresult (*cuStreamCreate)(CUstream*, unsigned);
+    CUresult (*cuStreamSynchronize)(CUstream);
+    CUresult (*cuMemcpyHtoDAsync)(CUdeviceptr, const void*, size_t, CUstream);
+    CUresult (*cuMemcpyDtoHAsync)(void*, CUdeviceptr, size_t, CUstream);
+    // CUDA graphs (decode): optional, nullptr when the driver lacks them (kernels are then launched one by one).
+    CUresult (*cuStreamBeginCapture)(CUstream, int mode);
+    CUresult (*cuStreamEndCapture)(CUstream, CUgraph*);
+    CUresult (*cuGraphInstantiateWithFlags)(CUgraphExec*, CUgraph, unsigned long long);
+    CUresult (*cuGraphLaunch)(CUgraphExec, CUstream);
+    CUresult (*cuGraphExecDestroy)(CUgraphExec);
+    CUresult (*cuGraphDestroy)(CUgraph);
+    bool has_graphs() const {
+        return cuStreamBeginCapture && cuStreamEndCapture && cuGraphInstantiateWithFlags && cuGraphLaunch && cuGraphExecDestroy && cuGraphDestroy;
+    }
 };
 
 // Loads libcuda.so.1 and its symbols once; nullptr (and why) when the host has no usable driver.
@@ -92,11 +108,20 @@ const DriverApi* driver_api(std::string& why_not) {
         sym(api.cuModuleGetFunction, "cuModuleGetFunction");
         sym(api.cuMemAlloc, "cuMemAlloc_v2");
         sym(api.cuMemFree, "cuMemFree_v2");
-        sym(api.cuMemcpyHtoD, "cuMemcpyHtoD_v2");
-        sym(api.cuMemcpyDtoH, "cuMemcpyDtoH_v2");
         sym(api.cuMemGetInfo, "cuMemGetInfo_v2");
         sym(api.cuLaunchKernel, "cuLaunchKernel");
         sym(api.cuGetErrorString, "cuGetErrorString");
+        sym(api.cuStreamCreate, "cuStreamCreate");
+        sym(api.cuStreamSynchronize, "cuStreamSynchronize");
+        sym(api.cuMemcpyHtoDAsync, "cuMemcpyHtoDAsync_v2");
+        sym(api.cuMemcpyDtoHAsync, "cuMemcpyDtoHAsync_v2");
+        auto optional = [&](auto& fn, const char* name) { fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(lib, name)); };
+        optional(api.cuStreamBeginCapture, "cuStreamBeginCapture_v2");
+        optional(api.cuStreamEndCapture, "cuStreamEndCapture");
+        optional(api.cuGraphInstantiateWithFlags, "cuGraphInstantiateWithFlags");
+        optional(api.cuGraphLaunch, "cuGraphLaunch");
+        optional(api.cuGraphExecDestroy, "cuGraphExecDestroy");
+        optional(api.cuGraphDestroy, "cuGraphDestroy");
         if (!ok) return false;
         int count = 0;
         if (api.cuInit(0) != 0 || api.cuDeviceGetCount(&count) != 0 || count == 0) {
@@ -111,9 +136,29 @@ const DriverApi* driver_api(std::string& why_not) {
 
 constexpr CUresult kOutOfMemory = 2;  // CUDA_ERROR_OUT_OF_MEMORY
 constexpr int kComputeCapabilityMajor = 75, kComputeCapabilityMinor = 76;  // CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_*
+constexpr unsigned kStreamNonBlocking = 1;  // CU_STREAM_NON_BLOCKING
+constexpr int kCaptureModeRelaxed = 2;      // CU_STREAM_CAPTURE_MODE_RELAXED
+
+// An instantiated CUDA graph, destroyed on its device.
+class CudaGraph : public llm_gpu::Graph {
+public:
+    CudaGraph(std::function<void(CUgraphExec)> destroy, CUgraphExec exec, size_t n_kernels)
+        : destroy_(std::move(destroy)), exec_(exec), n_kernels_(n_kernels) {}
+    ~CudaGraph() override { destroy_(exec_); }
+    CUgraphExec exec() const { return exec_; }
+    size_t n_kernels() const { return n_kernels_; }
+
+private:
+    std::function<void(CUgraphExec)> destroy_;
+    CUgraphExec exec_;
+    size_t n_kernels_;
+};
 
 // One GPU (a driver ordinal: CUDA_VISIBLE_DEVICES renumbers them) with its primary context, made
-// current on whichever thread uses the device (the server decodes on its own thread).
+// current on whichever thread uses the device (the server decodes on its own thread). Copies and
+// launches go in order on one stream of the device (non-blocking: no implicit synchronization with
+// the legacy stream, which a stream capture forbids); a capture holds the stream for the thread that
+// records, so no other thread's work lands in its graph.
 class CudaDevice : public llm_gpu::Device {
 public:
     explicit CudaDevice(const DriverApi& api, int ordinal) : api_(api), name_("CUDA" + std::to_string(ordinal)) {
@@ -129,6 +174,7 @@ public:
         check(api_.cuDevicePrimaryCtxRetain(&ctx_, device_), "cuDevicePrimaryCtxRetain");
         bind();
         check(api_.cuModuleLoadData(&module_, llm_cuda_fatbin), "cuModuleLoadData (no kernels for this GPU's architecture?)");
+        check(api_.cuStreamCreate(&stream_, kStreamNonBlocking), "cuStreamCreate");
     }
     std::string name() const override { return name_; }
     std::string description() const override { return description_; }
@@ -154,21 +200,68 @@ public:
         bind();
         api_.cuMemFree(reinterpret_cast<CUdeviceptr>(p));
     }
+    // Ordered on the stream before the launches that read it (from pageable memory the driver stages
+    // the bytes before it returns, so src may change right after).
     void upload(void* dst, const void* src, size_t bytes) override {
+        std::lock_guard<std::recursive_mutex> lock(stream_mutex_);
         bind();
-        check(api_.cuMemcpyHtoD(reinterpret_cast<CUdeviceptr>(dst), src, bytes), "cuMemcpyHtoD");
+        check(api_.cuMemcpyHtoDAsync(reinterpret_cast<CUdeviceptr>(dst), src, bytes, stream_), "cuMemcpyHtoDAsync");
     }
+    // After everything launched before it; returns with the bytes in dst.
     void download(void* dst, const void* src, size_t bytes) override {
+        std::lock_guard<std::recursive_mutex> lock(stream_mutex_);
         bind();
-        check(api_.cuMemcpyDtoH(dst, reinterpret_cast<CUdeviceptr>(src), bytes), "cuMemcpyDtoH");
+        check(api_.cuMemcpyDtoHAsync(dst, reinterpret_cast<CUdeviceptr>(src), bytes, stream_), "cuMemcpyDtoHAsync");
+        check(api_.cuStreamSynchronize(stream_), "cuStreamSynchronize");
     }
     void launch(const char* kernel, llm_gpu::Grid grid, llm_gpu::Grid block, void** args) override {
+        std::lock_guard<std::recursive_mutex> lock(stream_mutex_);
         bind();
         CUfunction& fn = functions_[kernel];
         if (!fn) check(api_.cuModuleGetFunction(&fn, module_, kernel), (std::string("cuModuleGetFunction ") + kernel).c_str());
-        last_kernel_ = kernel;
-        check(api_.cuLaunchKernel(fn, grid.x, grid.y, grid.z, block.x, block.y, block.z, 0, nullptr, args, nullptr),
-              (std::string("kernel ") + kernel).c_str());
+        last_launch_ = std::string("kernel ") + kernel;
+        check(api_.cuLaunchKernel(fn, grid.x, grid.y, grid.z, block.x, block.y, block.z, 0, stream_, args, nullptr), last_launch_.c_str());
+        captured_kernels_++;
+    }
+    // Stream capture of `launches` (llama.cpp's relaxed mode), instantiated as one graph. Any failure
+    // ends the capture and returns nullptr with the driver's reason: nothing ran.
+    std::unique_ptr<llm_gpu::Graph> capture(const std::function<void()>& launches, std::string& why_not) override {
+        if (!api_.has_graphs()) {
+            why_not = "the CUDA driver lacks the graph API";
+            return nullptr;
+        }
+        std::lock_guard<std::recursive_mutex> lock(stream_mutex_);
+        bind();
+        CUresult r = api_.cuStreamBeginCapture(stream_, kCaptureModeRelaxed);
+        if (r != 0) {
+            why_not = "cuStreamBeginCapture: " + error_string(r);
+            return nullptr;
+        }
+        captured_kernels_ = 0;
+        try {
+            launches();
+        } catch (const llm::Error& e) {
+            why_not = e.what();
+        } catch (...) {  // not the device's failure: the stream leaves capture mode, the error goes on
+            CUgraph discarded = nullptr;
+            if (api_.cuStreamEndCapture(stream_, &discarded) == 0 && discarded) api_.cuGraphDestroy(discarded);
+            throw;
+        }
+        CUgraph graph = nullptr;
+        r = api_.cuStreamEndCapture(stream_, &graph);
+        if (r != 0 && why_not.empty()) why_not = "cuStreamEndCapture: " + error_string(r);
+        CUgraphExec exec = nullptr;
+        if (why_not.empty() && (r = api_.cuGraphInstantiateWithFlags(&exec, graph, 0)) != 0) why_not = "cuGraphInstantiate: " + error_string(r);
+        if (graph) api_.cuGraphDestroy(graph);  // the instance keeps what it needs
+        if (!why_not.empty()) return nullptr;
+        return std::make_unique<CudaGraph>([this](CUgraphExec e) { bind(), api_.cuGraphExecDestroy(e); }, exec, captured_kernels_);
+    }
+    void replay(llm_gpu::Graph& graph) override {
+        const CudaGraph& g = dynamic_cast<const CudaGraph&>(graph);
+        std::lock_guard<std::recursive_mutex> lock(stream_mutex_);
+        bind();
+        last_launch_ = "a decode graph of " + std::to_string(g.n_kernels()) + " kernels";
+        check(api_.cuGraphLaunch(g.exec(), stream_), "cuGraphLaunch");
     }
 
 private:
@@ -179,8 +272,11 @@ private:
     CUdevice device_ = 0;
     CUcontext ctx_ = nullptr;
     CUmodule module_ = nullptr;
+    CUstream stream_ = nullptr;
+    std::recursive_mutex stream_mutex_;  // held by a capture for its thread's launches
+    size_t captured_kernels_ = 0;        // launches since the capture began
     std::map<std::string, CUfunction> functions_;
-    std::string last_kernel_;  // launches are asynchronous: a kernel's fault shows at the next copy
+    std::string last_launch_;  // launches are asynchronous: a kernel's fault shows at the next copy
 
     void bind() const {
         static thread_local CUcontext current = nullptr;
@@ -194,8 +290,8 @@ private:
     void check(CUresult r, const char* what) const {
         if (r == 0) return;
         std::string msg = std::string("CUDA: ") + name_ + ": " + what + ": " + error_string(r);
-        if (!last_kernel_.empty() && std::strncmp(what, "kernel ", 7) != 0)
-            msg += " (after kernel " + last_kernel_ + "; CUDA_LAUNCH_BLOCKING=1 names the failing one)";
+        if (!last_launch_.empty() && last_launch_ != what)
+            msg += " (after " + last_launch_ + "; CUDA_LAUNCH_BLOCKING=1 GGML_CUDA_DISABLE_GRAPHS=1 names the failing one)";
         throw llm::Error(msg);
     }
 };

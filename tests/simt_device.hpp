@@ -9,23 +9,30 @@
 #include <cstdlib>
 #include <functional>
 #include <algorithm>
+#include <atomic>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <sstream>
+#include <tuple>
 #include <utility>
 
 namespace simt_gpu {
 
-using Launcher = std::function<void(llm_gpu::Grid, llm_gpu::Grid, void**)>;
+// A launch with its arguments copied out of cuLaunchKernel-style pointers (as CUDA copies them when
+// the launch is made or recorded into a graph): run it now, or keep it in a graph.
+using BoundLaunch = std::function<void()>;
+using Launcher = std::function<BoundLaunch(llm_gpu::Grid, llm_gpu::Grid, void**)>;
 
-// A launcher that unpacks cuLaunchKernel-style argument pointers into the kernel's own parameters.
+// kernel's launch with its parameters read from cuLaunchKernel-style pointers.
 template <class... Params, size_t... I>
-void call_kernel(void (*kernel)(Params...), llm_gpu::Grid g, llm_gpu::Grid b, void** args, std::index_sequence<I...>) {
-    simt::launch(dim3(g.x, g.y, g.z), dim3(b.x, b.y, b.z), kernel, *static_cast<std::decay_t<Params>*>(args[I])...);
+BoundLaunch bind_kernel(void (*kernel)(Params...), llm_gpu::Grid g, llm_gpu::Grid b, void** args, std::index_sequence<I...>) {
+    return [kernel, g, b, values = std::make_tuple(*static_cast<std::decay_t<Params>*>(args[I])...)] {
+        std::apply([&](const auto&... value) { simt::launch(dim3(g.x, g.y, g.z), dim3(b.x, b.y, b.z), kernel, value...); }, values);
+    };
 }
 template <class... Params> Launcher launcher(void (*kernel)(Params...)) {
-    return [kernel](llm_gpu::Grid g, llm_gpu::Grid b, void** args) { call_kernel(kernel, g, b, args, std::index_sequence_for<Params...>{}); };
+    return [kernel](llm_gpu::Grid g, llm_gpu::Grid b, void** args) { return bind_kernel(kernel, g, b, args, std::index_sequence_for<Params...>{}); };
 }
 
 // Every kernel by its extern "C" name.
@@ -62,9 +69,23 @@ inline const std::map<std::string, Launcher>& kernels() {
     return table;
 }
 
+// Launches recorded by EmulatedDevice::capture, each with its kernel's name.
+struct EmulatedGraph : llm_gpu::Graph {
+    const void* device = nullptr;
+    std::vector<std::pair<const char*, BoundLaunch>> launches;
+};
+
+// What an emulated device has run: launch calls from the host, graphs recorded and replayed, and the
+// kernels that ran (launched one by one or replayed).
+struct LaunchCounts {
+    size_t launches = 0, captures = 0, replays = 0, kernels = 0;
+};
+
 // One emulated GPU: "device memory" is host memory, limited to `total` bytes (alloc beyond that throws
 // llm::DeviceMemoryError, as cuMemAlloc's out of memory does in the CUDA driver); it reports compute
 // capability `cc`, which picks the kernels the backend launches (80 and up: the tensor-core products).
+// A capture records the calling thread's launches as the CUDA driver's stream capture does; replay runs
+// them in order.
 class EmulatedDevice : public llm_gpu::Device {
 public:
     EmulatedDevice(int ordinal, size_t total, int cc) : name_("CUDA" + std::to_string(ordinal)), total_(total), cc_(cc) {}
@@ -98,33 +119,70 @@ public:
     void launch(const char* kernel, llm_gpu::Grid grid, llm_gpu::Grid block, void** args) override {
         auto it = kernels().find(kernel);
         if (it == kernels().end()) throw llm::Error(std::string("emulated device: no kernel ") + kernel);
+        BoundLaunch bound = it->second(grid, block, args);
+        EmulatedGraph* graph = recording();
+        if (graph && graph->device == this) {
+            graph->launches.emplace_back(it->first.c_str(), std::move(bound));
+            return;
+        }
+        launches_++;
+        run(it->first.c_str(), bound);
+    }
+    std::unique_ptr<llm_gpu::Graph> capture(const std::function<void()>& launches, std::string&) override {
+        auto graph = std::make_unique<EmulatedGraph>();
+        graph->device = this;
+        recording() = graph.get();
+        try {
+            launches();
+        } catch (...) {
+            recording() = nullptr;
+            throw;
+        }
+        recording() = nullptr;
+        captures_++;
+        return graph;
+    }
+    void replay(llm_gpu::Graph& graph) override {
+        replays_++;
+        for (const auto& [kernel, bound] : dynamic_cast<EmulatedGraph&>(graph).launches) run(kernel, bound);
+    }
+    LaunchCounts counts() const { return {launches_, captures_, replays_, kernels_run_}; }
+    // Runs so far (launched or replayed) of the kernels whose names start with `prefix` (what tests
+    // check a path by).
+    size_t launches(const std::string& prefix) const {
+        std::lock_guard<std::mutex> lock(mu_);
+        size_t n = 0;
+        for (const auto& [name, count] : runs_by_kernel_) n += name.compare(0, prefix.size(), prefix) == 0 ? count : 0;
+        return n;
+    }
+
+private:
+    // The graph this thread's launches go to while a capture runs.
+    static EmulatedGraph*& recording() {
+        static thread_local EmulatedGraph* graph = nullptr;
+        return graph;
+    }
+    void run(const char* kernel, const BoundLaunch& bound) {
+        kernels_run_++;
         {
             std::lock_guard<std::mutex> lock(mu_);
-            launches_[kernel]++;
+            runs_by_kernel_[kernel]++;
         }
         try {
-            it->second(grid, block, args);
+            bound();
         } catch (const simt::Error& e) {
             throw llm::Error(std::string("kernel ") + kernel + ": " + e.what());
         }
     }
 
-    // Launches so far of the kernels whose names start with `prefix` (what tests check a path by).
-    size_t launches(const std::string& prefix) const {
-        std::lock_guard<std::mutex> lock(mu_);
-        size_t n = 0;
-        for (const auto& [name, count] : launches_) n += name.compare(0, prefix.size(), prefix) == 0 ? count : 0;
-        return n;
-    }
-
-private:
     std::string name_;
     size_t total_;
     int cc_;
-    std::map<std::string, size_t> launches_;
     mutable std::mutex mu_;
+    std::map<std::string, size_t> runs_by_kernel_;
     size_t used_ = 0;
     std::map<void*, size_t> sizes_;
+    std::atomic<size_t> launches_{0}, captures_{0}, replays_{0}, kernels_run_{0};
 };
 
 // The emulated ordinals CUDA_VISIBLE_DEVICES leaves visible, in its order (as the driver reads it: a

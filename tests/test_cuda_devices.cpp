@@ -68,7 +68,11 @@ TEST_CASE("cuda devices: -ts splits layers as llama.cpp (cumulative shares, the 
     opt.tensor_split = {1, 1};
     CHECK(slices(llm::place_on_devices(8, opt, found)) == "0:0-4 1:5-7+out");
     opt.devices = {"CUDA1"};
-    CHECK_THROWS_WITH_AS(llm::place_on_devices(8, opt, found), doctest::Contains("tensor split: 2 values for 1 devices"), llm::Error);
+    CHECK(slices(llm::place_on_devices(8, opt, found)) == "1:0-7+out");  // -ts values past the devices are ignored, as llama.cpp
+    opt.devices.clear();
+    opt.tensor_split = {3, 1, 5, 7};
+    CHECK(slices(llm::place_on_devices(8, opt, found)) == "0:0-6 1:7-7+out");  // 3:1 over the two found
+    opt.devices = {"CUDA1"};
     opt.tensor_split.clear();
     CHECK(slices(llm::place_on_devices(8, opt, found)) == "1:0-7+out");
     opt.devices = {"CUDA1", "CUDA0"};

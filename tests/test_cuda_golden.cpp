@@ -8,6 +8,7 @@
 #include "golden.hpp"
 
 #include <cstdio>
+#include <cstdlib>
 
 namespace {
 
@@ -318,4 +319,89 @@ TEST_CASE("cuda golden: -ts 1,1 over two emulated devices equals one device") {
         }
     }
     simt_gpu::register_emulator_driver(1);
+}
+
+namespace {
+// What a decode schedule over three sequences gave: every logits row, and the emulated device's counts
+// of each decode step.
+struct Schedule {
+    std::vector<float> logits;
+    std::vector<simt_gpu::LaunchCounts> step_counts;
+};
+simt_gpu::LaunchCounts difference(const simt_gpu::LaunchCounts& after, const simt_gpu::LaunchCounts& before) {
+    return {after.launches - before.launches, after.captures - before.captures, after.replays - before.replays, after.kernels - before.kernels};
+}
+// Prompts of 5, 9 and 13 tokens in one batch, then one token per sequence per step: `grow` steps of 3
+// tokens (the longest sequence's pages pass 1 -> 2 -> 3, page-table buckets 1, 2, 4), sequences 1 and
+// 2 start over (the longest now has 2 pages: bucket 2 again, with no buffer reallocated) for
+// `restart` steps, then sequence 2 stops: `pair` steps of 2 tokens (bucket 4).
+Schedule run_schedule(const llm::Model& m, const simt_gpu::EmulatedDevice& dev, int grow, int restart, int pair) {
+    llm::ContextParams cp;
+    cp.n_ctx = 256;
+    cp.n_seq = 3;
+    cp.n_threads = 2;
+    llm::Context ctx(m, cp);
+    Schedule out;
+    // Tokens spread over the vocabulary, none repeated soon (a sequence reading another's rows shows).
+    int n_tokens = 0;
+    auto next_token = [&] { return int32_t((n_tokens++ * 131 + 7) % m.hp.n_vocab); };
+    int length[3] = {0, 0, 0};
+    // One batch: `count` tokens into each of sequences [0, n_seqs), the last one's logits (all in decode).
+    auto decode = [&](int n_seqs, int count) {
+        llm::Batch batch;
+        for (int s = 0; s < n_seqs; s++)
+            for (int i = 0; i < count; i++, length[s]++) batch.add(next_token(), length[s], s, i == count - 1);
+        const simt_gpu::LaunchCounts before = dev.counts();
+        ctx.decode(batch);
+        out.step_counts.push_back(difference(dev.counts(), before));
+        for (int i = 0; i < ctx.n_logits(); i++) out.logits.insert(out.logits.end(), ctx.logits(i), ctx.logits(i) + m.hp.n_vocab);
+    };
+    llm::Batch prompt;
+    const int prompt_length[3] = {5, 9, 13};
+    for (int s = 0; s < 3; s++)
+        for (; length[s] < prompt_length[s]; length[s]++) prompt.add(next_token(), length[s], s, length[s] == prompt_length[s] - 1);
+    ctx.decode(prompt);
+    for (int step = 0; step < grow; step++) decode(3, 1);
+    for (int s : {1, 2}) ctx.seq_truncate(s, 0), length[s] = 0;
+    for (int step = 0; step < restart; step++) decode(3, 1);
+    for (int step = 0; step < pair; step++) decode(2, 1);
+    return out;
+}
+} // namespace
+
+// Decode through graphs (captured per shape: tokens, logits rows, page-table bucket) gives the logits
+// of plain launches bit for bit, over several sequences; every new shape is captured once it repeats
+// (the page table's bucket growing, shrinking back without a reallocation, the batch going from 3
+// tokens to 2), and a replayed step makes no launch call. GGML_CUDA_DISABLE_GRAPHS (as llama.cpp)
+// turns them off.
+TEST_CASE("cuda golden: decode through graphs equals plain launches bit for bit; a shape change re-captures") {
+    const simt_gpu::EmulatedDevice& dev = *simt_gpu::register_emulator_driver(1).at(0);
+    const golden::GoldenCase c = find_case("tiny-llama-Q4_K_M-kvf16");
+    auto m = load_offloaded(c, 99);
+    const int grow = 24, restart = 3, pair = 3;
+    setenv("GGML_CUDA_DISABLE_GRAPHS", "1", 1);
+    const Schedule plain = run_schedule(*m, dev, grow, restart, pair);
+    unsetenv("GGML_CUDA_DISABLE_GRAPHS");
+    const Schedule graphs = run_schedule(*m, dev, grow, restart, pair);
+    REQUIRE(plain.logits.size() == graphs.logits.size());
+    CHECK(std::memcmp(plain.logits.data(), graphs.logits.data(), sizeof(float) * plain.logits.size()) == 0);
+    size_t captures = 0, replays = 0;
+    for (size_t step = 0; step < plain.step_counts.size(); step++) {
+        CAPTURE(step);
+        const simt_gpu::LaunchCounts& p = plain.step_counts[step];
+        const simt_gpu::LaunchCounts& g = graphs.step_counts[step];
+        CHECK(p.captures + p.replays == 0);
+        CHECK(p.launches == p.kernels);
+        CHECK(g.kernels == p.kernels);  // the same kernels, launched or replayed
+        CHECK(g.launches == (g.replays ? 0 : p.launches));
+        captures += g.captures, replays += g.replays;
+    }
+    // Shapes (3 tokens, bucket 1), (3, 2), (3, 4), (3, 2) again after the reallocation at bucket 4
+    // dropped it, (2, 4): each runs once plainly, then is captured and replayed.
+    CHECK(captures == 5);
+    CHECK(replays == plain.step_counts.size() - 5);
+    const size_t step = 10;
+    MESSAGE(c.model << " (4 layers) decode step of 3 tokens: " << plain.step_counts[step].launches << " kernel launches one by one; with graphs: "
+                    << graphs.step_counts[step].launches << " launches, " << graphs.step_counts[step].replays << " graph launch of "
+                    << graphs.step_counts[step].kernels << " kernels");
 }

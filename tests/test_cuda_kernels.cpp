@@ -391,31 +391,19 @@ TEST_CASE("cuda kernels: RMSNorm (strided rows, in place) vs the CPU's formula")
 }
 
 namespace {
-// The CPU's rope_angles and rope (llm.hpp section 15), for one token and head.
+// The CPU's RoPE for one token and head: the engine's rope_angles for p's parameters, then the pairs
+// (adjacent, or NeoX's halves) rotated as llm.hpp section 15 rotates them.
 void rope_reference(float* r, int pos, const RopeParams& p, bool neox) {
-    const float theta_scale = std::pow(p.base, -2.0f / p.n_rot);
-    float corr[2] = {0, 0};
-    if (p.ext_factor != 0.0f) {
-        auto corr_dim = [&](float beta) { return p.n_rot * std::log(p.n_ctx_orig / (beta * 2 * 3.14159265358979323846f)) / (2 * std::log(p.base)); };
-        corr[0] = std::max(0.0f, std::floor(corr_dim(p.beta_fast)));
-        corr[1] = std::min(float(p.n_rot - 1), std::ceil(corr_dim(p.beta_slow)));
-    }
-    float theta = float(pos);
+    llm::HParams hp;
+    hp.n_rot = p.n_rot, hp.rope_freq_scale = p.freq_scale, hp.rope_attn_factor = p.attn_factor, hp.n_ctx_orig = p.n_ctx_orig;
+    hp.yarn_ext_factor = p.ext_factor, hp.yarn_beta_fast = p.beta_fast, hp.yarn_beta_slow = p.beta_slow;
+    std::vector<float> cs(p.n_rot);
+    llm::rope_angles(hp, p.freq_factors, pos, p.base, cs.data());
     for (int i0 = 0; i0 < p.n_rot; i0 += 2) {
-        const float extrap = theta / (p.freq_factors ? p.freq_factors[i0 / 2] : 1.0f), interp = p.freq_scale * extrap;
-        float t = interp, mscale = p.attn_factor;
-        if (p.ext_factor != 0.0f) {
-            const float y = (i0 / 2 - corr[0]) / std::max(0.001f, corr[1] - corr[0]);
-            const float mix = (1 - std::min(1.0f, std::max(0.0f, y))) * p.ext_factor;
-            t = interp * (1 - mix) + extrap * mix;
-            mscale *= 1.0f + 0.1f * std::log(1.0f / p.freq_scale);
-        }
-        const float c = std::cos(t) * mscale, s = std::sin(t) * mscale;
         const int a = neox ? i0 / 2 : i0, b = neox ? i0 / 2 + p.n_rot / 2 : i0 + 1;
         const float x0 = r[a], x1 = r[b];
-        r[a] = x0 * c - x1 * s;
-        r[b] = x0 * s + x1 * c;
-        theta *= theta_scale;
+        r[a] = x0 * cs[i0] - x1 * cs[i0 + 1];
+        r[b] = x0 * cs[i0 + 1] + x1 * cs[i0];
     }
 }
 } // namespace
