@@ -4092,7 +4092,7 @@ struct RowsK16 {
 // ---- BF16 weights interleaved (block_bf16_x16) and their vdpbf16ps tiles (AVX512-BF16) -----------
 // The activations are bf16 already (vec_dot_type), so every product is the row kernels' (exact in
 // f32); only the order of the f32 sums differs, and bf16 subnormals count as zero. Without
-// AVX512-BF16 there is no BF16 layout: the weights keep the file's rows and the FMA row kernels.
+// AVX512-BF16 BF16 weights are not repacked: they keep the file's rows and the FMA row kernels.
 // Calls fn(offset in the rows, offset in the group) for each row's value pair of k values (k % 32 == 0).
 template <class Fn>
 inline void for_bf16_pairs(size_t row_stride, int64_t k, Fn fn) {
