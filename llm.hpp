@@ -12527,6 +12527,14 @@ inline void parse_python_tag(Parse& p, size_t pos) {
 }
 
 inline void parse_llama3(Parse& p, size_t pos) {
+    // A call may follow text (the lazy grammar's trigger word {"name" can come anywhere, and llama.cpp
+    // reads such calls too): the text before the first {"name" or <|python_tag|> is content.
+    const size_t first = skip_space(p.s, pos);
+    if (first >= p.s.size() || p.s[first] != '{') {
+        const int which = p.content_until(pos, {"{\"name\"", "<|python_tag|>"});
+        if (which < 0) return;
+        if (which == 1) return parse_python_tag(p, pos + std::strlen("<|python_tag|>"));
+    }
     while (!p.stop) {
         const size_t obj = skip_space(p.s, pos);
         if (obj < p.s.size() && p.s[obj] == '{') {

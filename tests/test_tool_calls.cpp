@@ -52,6 +52,8 @@ const OutputCase kOutputs[] = {
      "", "Need the weather.", {{"get_weather", "{\"location\": \"Paris\", \"detail\": {\"hourly\": true}}", ""}}},
     {"llama 3.x: JSON call", F::Llama3, false, "{\"name\": \"get_weather\", \"parameters\": {\"location\": \"Paris\", \"days\": 2}}", "", "",
      {{"get_weather", "{\"location\": \"Paris\", \"days\": 2}", ""}}},
+    {"llama 3.x: text, then a JSON call", F::Llama3, false, "Let me look.\n{\"name\": \"get_weather\", \"parameters\": {\"location\": \"Paris\"}}",
+     "Let me look.\n", "", {{"get_weather", "{\"location\": \"Paris\"}", ""}}},
     {"llama 3.x: JSON that is not a call is content", F::Llama3, false, "{\"answer\": 42} is the JSON.", "{\"answer\": 42} is the JSON.", "", {}},
     {"llama 3.x: builtin tool through <|python_tag|>", F::Llama3, false, "<|python_tag|>brave_search.call(query=\"weather in Paris\", count=3)",
      "", "", {{"brave_search", "{\"query\": \"weather in Paris\", \"count\": 3}", ""}}},

@@ -31,7 +31,7 @@ struct FormatCall {
 const FormatCall kCalls[] = {
     {F::Hermes, "", "Let me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"location\": \"Paris\"}}\n</tool_call>",
      "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"location\": \"Paris\"}}\n</tool_call>"},
-    {F::Llama3, "", "{\"name\": \"get_weather\", \"parameters\": {\"location\": \"Paris\"}}",  // its parser reads a call alone
+    {F::Llama3, "", "Let me check.\n{\"name\": \"get_weather\", \"parameters\": {\"location\": \"Paris\"}}",
      "{\"name\": \"get_weather\", \"parameters\": {\"location\": \"Paris\"}}"},
     {F::Mistral, "", "Checking.[TOOL_CALLS][{\"name\": \"get_weather\", \"arguments\": {\"location\": \"Paris\"}, \"id\": \"abc123XYZ\"}]",
      "[TOOL_CALLS][{\"name\": \"get_weather\", \"arguments\": {\"location\": \"Paris\"}}]"},
