@@ -305,7 +305,6 @@ void quantize_row_kquant(Type t, const float* src, void* dst, int64_t n);
 // other types through quantize_row.
 void quantize_row_weights(Type t, const float* src, void* dst, int64_t n);
 
-// ---- Tokenizer -----------------------------------------------------------------------------
 // ---- Vocabulary and tokenizer --------------------------------------------------------------
 // Token attributes, bit flags (as llama.cpp's llama_token_attr). GGUF stores a token *type* per
 // token (tokenizer.ggml.token_type); the vocabulary turns it into these and adds a few by name.
@@ -1064,7 +1063,6 @@ private:
 };
 
 // ---- Evaluation: perplexity and KL divergence ----------------------------------------------
-// ---- Quality evaluation: perplexity and KL divergence ---------------------------------------
 // As llama.cpp's llama-perplexity: the text is tokenized once (with BOS if the model adds one), cut
 // into chunks of n_ctx tokens, and each chunk is evaluated from an empty cache with its first token
 // replaced by BOS (when the model adds one). Only the second half of a chunk is scored (positions
