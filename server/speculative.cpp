@@ -85,8 +85,7 @@ std::vector<int32_t> Speculator::ngram_draft(Sequence& s, const std::vector<int3
         s.last = out.empty() ? Source::None : Source::Ngram;
         return out;
     }
-    const double alpha = s.ngram_kept / (s.ngram_kept + s.ngram_rejected);
-    const int k = cost_.best_length(alpha, (int)out.size(), base, 0);
+    const int k = cost_.best_length(s.ngram_acceptance(), (int)out.size(), base, 0);
     if (k == 0) {
         s.unverified = std::move(out);
         s.unverified_at = tokens.size();
@@ -102,8 +101,8 @@ std::vector<int32_t> Speculator::ngram_draft(Sequence& s, const std::vector<int3
 bool Speculator::model_beats_ngram(const Sequence& s, int k, int base) const {
     if (!o_.backoff) return false;
     if (!s.model_tried) return true;
-    const double alpha = s.ngram_kept / (s.ngram_kept + s.ngram_rejected);
-    return cost_.rate(s.model_kept, s.model_drafted, s.model_ms, base) > cost_.rate(llm::DraftCost::expected_kept(alpha, k), k, 0, base);
+    return cost_.rate(s.model_kept, s.model_drafted, s.model_ms, base) >
+           cost_.rate(llm::DraftCost::expected_kept(s.ngram_acceptance(), k), k, 0, base);
 }
 
 // The draft model's draft, its length capped where the next token's expected yield no longer pays for
@@ -113,8 +112,7 @@ std::vector<int32_t> Speculator::model_draft(Sequence& s, int seq, const std::ve
                                              int base) {
     llm::DraftParams capped = p;
     if (o_.backoff && s.model_tried) {
-        const double alpha = s.model_kept_sum / (s.model_kept_sum + s.model_rejected);
-        capped.n_max = std::max({1, p.n_min, cost_.best_length(alpha, p.n_max, base, s.model_ms / std::max(1.0, s.model_decodes))});
+        capped.n_max = std::max({1, p.n_min, cost_.best_length(s.model_acceptance(), p.n_max, base, s.model_ms / std::max(1.0, s.model_decodes))});
         capped.n_max = std::min(capped.n_max, p.n_max);
     }
     std::vector<int32_t> out;

@@ -57,6 +57,9 @@ private:
             ngram_kept = 0.8 * ngram_kept + (double)kept;
             ngram_rejected = 0.8 * ngram_rejected + cut;
         }
+        // The geometric model's acceptance of each drafter: tokens kept per token kept or draft cut short.
+        double ngram_acceptance() const { return ngram_kept / (ngram_kept + ngram_rejected); }
+        double model_acceptance() const { return model_kept_sum / (model_kept_sum + model_rejected); }
     };
     std::vector<int32_t> ngram_draft(Sequence& s, const std::vector<int32_t>& tokens, int n_max, int base);
     std::vector<int32_t> model_draft(Sequence& s, int seq, const std::vector<int32_t>& tokens, const llm::DraftParams& p, int n_batch, int base);
