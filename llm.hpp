@@ -732,6 +732,10 @@ struct ContextParams {
     bool embeddings = false;  // decode keeps embeddings (per output entry and pooled per sequence), no logits
     Pooling pooling = Pooling::Unspecified;  // embeddings' pooling; Unspecified: the model's own
     FlashAttn flash_attn = FlashAttn::Auto;
+    // Logits only for token ids [0, head_vocab) (rounded up to a 16-row group, at most n_vocab), the
+    // others -inf: a draft model's cheaper, frequency-ranked LM head (FR-Spec; BPE ids come roughly in
+    // merge, i.e. frequency, order). 0 = the whole vocabulary. An output on an offload device computes all.
+    int head_vocab = 0;
 };
 
 // A batch of tokens to evaluate. Tokens of one sequence must come in increasing positions, and a
@@ -809,6 +813,7 @@ public:
     size_t kv_bytes_per_token() const;    // all layers, K and V
     int n_threads() const;
     const Model& model() const;
+    int head_vocab() const;               // ids whose logits decode computes (ContextParams::head_vocab, rounded)
 
     struct Impl;
 private:
@@ -1016,7 +1021,8 @@ public:
     // sequences. share_threads: the target's context, whose workers this one borrows.
     DraftModel(const Model& draft, int target_vocab, const ContextParams& params, const Context& share_threads);
     // Up to p.n_max tokens the draft expects after `tokens`, greedily, stopping before a token of
-    // probability < p.p_min or at the sequence's end; fewer than p.n_min: none. The tokens that
+    // probability < p.p_min (its softmax over the context's head_vocab() ids: a restricted head never
+    // proposes an id beyond) or at the sequence's end; fewer than p.n_min: none. The tokens that
     // sequence seq already caches are reused (the common prefix); the rest is fed n_batch at a time.
     std::vector<int32_t> draft(int seq, const std::vector<int32_t>& tokens, const DraftParams& p, int n_batch);
     // Brings sequence seq to `tokens` (what draft() does first), so a prompt can be read ahead of time;
@@ -1025,12 +1031,21 @@ public:
     // How many leading tokens of `tokens` sequence seq caches (what draft() need not feed again).
     size_t cached_prefix(int seq, const std::vector<int32_t>& tokens) const;
     Context& context() { return ctx_; }
+    // The draft() calls' decodes so far and their time: what a drafted token costs in the loop
+    // (catch-up feeds outside draft() are not counted).
+    struct Timing {
+        int64_t decodes = 0;
+        double ms = 0;
+    };
+    const Timing& timing() const { return timing_; }
 
 private:
     void decode(int seq, const Batch& batch);
     Context ctx_;
     int target_vocab_;
     std::vector<std::vector<int32_t>> cached_;  // per sequence: the tokens in ctx_'s cache
+    int64_t n_decodes_ = 0;                      // decode() calls, feeds included
+    Timing timing_;
 };
 
 // What speculation costs and yields, to choose how much to draft: the target's decode time by batch
@@ -13864,6 +13879,17 @@ struct KVCache {
 // products convert the activations once to the weight's dot-product type (as the reference does, so
 // rounding matches), then split the weight rows over the threads.
 
+// The rows of a model's output matrix whose logits a context computes: the first head_vocab, rounded
+// up to a repacked group (the whole matrix for 0 or for as many as it has). Repacked groups lie one
+// after another, so these rows are a prefix of the data in either layout.
+static TensorInfo output_head(const Model& m, int head_vocab) {
+    TensorInfo head = m.output ? *m.output : TensorInfo();
+    if (!m.output || head_vocab <= 0 || m.placement.output_on_device) return head;
+    head.ne[1] = std::min<int64_t>(head.ne[1], ((int64_t)head_vocab + kInterleaveRows - 1) / kInterleaveRows * kInterleaveRows);
+    head.nbytes = (size_t)head.ne[1] * row_bytes(head.type, head.ne[0]);
+    return head;
+}
+
 struct Context::Impl {
     const Model& model;
     ContextParams params;
@@ -13886,6 +13912,7 @@ struct Context::Impl {
     std::vector<std::vector<float>> thread_scratch;
     std::vector<std::vector<uint8_t>> thread_bytes;
     std::unique_ptr<OffloadBackend> device;     // runs the layers the model placed on a device
+    const TensorInfo head = output_head(model, params.head_vocab);  // the output rows computed
 
     Impl(const Model& m, const ContextParams& p, std::shared_ptr<ThreadPool> shared)
         : model(m), params(p),
@@ -14581,7 +14608,20 @@ struct Context::Impl {
         for (int j = 0; j < n_logits; j++)
             std::copy(x.begin() + logit_rows[j] * E, x.begin() + (logit_rows[j] + 1) * E, x.begin() + j * E);
         rms_norm_to(x.data(), m.output_norm, hp.norm_eps, n_logits, E, cur.data());
-        matmul({{m.output, cur.data(), n_logits, logits.data()}});
+        if (head.ne[1] < hp.n_vocab) head_logits();
+        else matmul({{m.output, cur.data(), n_logits, logits.data()}});
+    }
+
+    // A restricted head's logits (ContextParams::head_vocab): its rows' products, packed, spread to
+    // n_vocab-wide rows whose other ids are -inf.
+    void head_logits() {
+        const int64_t rows = head.ne[1], n_vocab = model.hp.n_vocab;
+        matmul({{&head, cur.data(), n_logits, logits.data()}});
+        for (int j = n_logits - 1; j >= 0; j--) {
+            float* row = logits.data() + j * n_vocab;
+            if (j > 0) std::copy_backward(logits.data() + j * rows, logits.data() + (j + 1) * rows, row + rows);
+            std::fill(row + rows, row + n_vocab, -INFINITY);
+        }
     }
 
     // The cells of positions [0, n) of seq.
@@ -14830,6 +14870,7 @@ size_t Context::kv_bytes() const { return impl_->kv.bytes(); }
 size_t Context::kv_bytes_per_token() const { return impl_->kv.bytes_per_token(); }
 int Context::n_threads() const { return impl_->pool.size(); }
 const Model& Context::model() const { return impl_->model; }
+int Context::head_vocab() const { return (int)impl_->head.ne[1]; }
 
 // ============================================================================================
 // 16. Memory planning
@@ -17145,6 +17186,7 @@ void DraftModel::feed(int seq, const std::vector<int32_t>& tokens, int n_batch) 
 }
 
 void DraftModel::decode(int seq, const Batch& batch) {
+    n_decodes_++;
     try {
         ctx_.decode(batch);
     } catch (const Error&) {  // what the cache holds is unknown now: the sequence starts over next time
@@ -17158,11 +17200,13 @@ std::vector<int32_t> DraftModel::draft(int seq, const std::vector<int32_t>& toke
     const int len = (int)tokens.size();
     const int n_max = std::min(p.n_max, ctx_.n_ctx_seq() - len);  // positions the draft's sequence has left
     if (len == 0 || n_max <= 0 || n_max < p.n_min) return {};
+    const double t0 = now_seconds();
+    const int64_t decodes_before = n_decodes_;
     feed(seq, tokens, n_batch);
     std::vector<int32_t> out;
     Batch batch;
     for (;;) {
-        const auto [token, prob] = best_token(ctx_.logits(0), ctx_.model().hp.n_vocab);
+        const auto [token, prob] = best_token(ctx_.logits(0), ctx_.head_vocab());
         if (token >= target_vocab_ || prob < p.p_min) break;
         out.push_back(token);
         if ((int)out.size() >= n_max) break;
@@ -17171,6 +17215,8 @@ std::vector<int32_t> DraftModel::draft(int seq, const std::vector<int32_t>& toke
         decode(seq, batch);
         cached_[seq].push_back(token);
     }
+    timing_.decodes += n_decodes_ - decodes_before;
+    timing_.ms += (now_seconds() - t0) * 1000;
     if ((int)out.size() < p.n_min) out.clear();
     return out;
 }

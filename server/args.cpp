@@ -646,6 +646,10 @@ const std::vector<Flag>& flags() {
              if (a.value != "cost" && a.value != "none") usage_error(a.flag + ": expected cost or none, got '" + a.value + "'");
              o.spec.backoff = a.value == "cost";
          }},
+        {{"--spec-draft-vocab"}, {}, nullptr, "N", G::Server,
+         "the draft model's LM head computes the logits of the first N token ids only (BPE ids come roughly by frequency), "
+         "so it never proposes a later one; 0: the whole vocabulary (default 32768; not in llama-server)",
+         [](Options& o, const Arg& a) { o.spec.draft_vocab = a.to_int(); }},
         {{"--spec-default"}, {}, nullptr, nullptr, G::Server, "default speculative decoding config",
          [](Options& o, const Arg&) { o.spec.ngram = true; }},
         {{"--embd-gemma-default", "--fim-qwen-1.5b-default", "--fim-qwen-3b-default", "--fim-qwen-7b-default", "--fim-qwen-7b-spec",
@@ -813,6 +817,7 @@ Options parse_args(int argc, char** argv) {
     if (o.spec.draft.n_max < 0 || o.spec.draft.n_max > 256) usage_error("--draft-max must be in 0..256");
     if (o.spec.draft.n_min < 0 || o.spec.draft.n_min > o.spec.draft.n_max) usage_error("--draft-min must be in 0..--draft-max");
     if (o.spec.ngram_n < 2 || o.spec.ngram_n > 64) usage_error("--spec-ngram-size-n must be in 2..64");
+    if (o.spec.draft_vocab < 0) usage_error("--spec-draft-vocab must be 0 (all) or more");
     if (o.srv.reranking) {
         if (o.pooling != llm::Pooling::Unspecified && o.pooling != llm::Pooling::Rank) usage_error("--reranking needs --pooling rank");
         o.pooling = llm::Pooling::Rank;

@@ -43,6 +43,7 @@ struct SpecOptions {
     int n_ctx = 0, n_threads = 0, n_threads_batch = 0, n_gpu_layers = 0;  // -cd (0: the target's), -td, -tbd, -ngld
     llm::Type type_k = llm::Type::F16, type_v = llm::Type::F16;           // -ctkd, -ctvd
     bool backoff = true;              // --spec-backoff cost (true) | none: drafts sized by the cost model
+    int draft_vocab = 32768;          // --spec-draft-vocab: the draft's head computes ids [0, N) only (0: all)
     bool enabled() const { return ngram || !model.empty(); }
 };
 

@@ -151,9 +151,14 @@ std::pair<double, double> median_stddev(const std::vector<double>& xs) {
     return {sorted[sorted.size() / 2], std::sqrt(var)};
 }
 
-void print_draft_stats(const DraftStats& st, int n_gen) {
-    fprintf(stderr, "%18s = %5d tokens in %d drafts, %d accepted (%.1f%%); %d tokens generated\n", "draft", st.drafted, st.steps,
+// The draft line; with a draft model also its in-loop time per decode.
+void print_draft_stats(const DraftStats& st, int n_gen, const Speculator& spec) {
+    fprintf(stderr, "%18s = %5d tokens in %d drafts, %d accepted (%.1f%%); %d tokens generated", "draft", st.drafted, st.steps,
             st.accepted, st.drafted ? 100.0 * st.accepted / st.drafted : 0.0, n_gen);
+    if (const llm::DraftModel* dm = spec.draft_model())
+        fprintf(stderr, "; draft model %.2f ms per decode (%lld decodes)", dm->timing().decodes ? dm->timing().ms / dm->timing().decodes : 0.0,
+                (long long)dm->timing().decodes);
+    fprintf(stderr, "\n");
 }
 
 }  // namespace
@@ -209,7 +214,7 @@ int run_complete(const Options& o, const llm::Model& m) {
     print_timing("prompt eval time", t_prompt * 1000, (int)tokens.size());
     print_timing("eval time", t_gen * 1000, n_gen);
     print_timing("total time", (t_prompt + t_gen) * 1000, (int)tokens.size() + n_gen);
-    if (spec) print_draft_stats(st, n_gen);
+    if (spec) print_draft_stats(st, n_gen, *spec);
     return 0;
 }
 
@@ -280,7 +285,7 @@ int run_bench(const Options& o, const llm::Model& m) {
             tps.push_back(generated / (now_seconds() - t0));
         }
         row("tg" + std::to_string(n_gen) + " spec", median_stddev(tps));
-        print_draft_stats(st, generated);
+        print_draft_stats(st, generated, *spec);
     }
     return 0;
 }

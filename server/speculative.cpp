@@ -21,6 +21,7 @@ llm::ContextParams draft_context_params(const Options& o, const llm::Context& ta
     cp.type_k = o.spec.type_k;
     cp.type_v = o.spec.type_v;
     cp.embeddings = false;
+    cp.head_vocab = o.spec.draft_vocab;
     return cp;
 }
 

@@ -24,6 +24,7 @@ public:
     // context's size (-cd: another total); throws llm::Error.
     Speculator(const Options& o, const llm::Model& target, const llm::Context& target_ctx, int n_seq);
     bool has_draft_model() const { return draft_ != nullptr; }
+    const llm::DraftModel* draft_model() const { return draft_.get(); }  // null without -md
     // A new request on sequence seq: its acceptance estimates start over.
     void reset(int seq);
     // The draft after `tokens` (all of sequence seq so far; the target has not evaluated the last):

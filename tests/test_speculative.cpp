@@ -4,8 +4,11 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstring>
 #include <map>
 #include <thread>
+
+#include <unistd.h>
 
 #include "../llm.hpp"
 #include "server_util.hpp"
@@ -17,13 +20,14 @@ using namespace testserver;
 
 std::string golden(const std::string& name) { return testutil::shared_dir() + "/golden/models/" + name; }
 
-// The greedy continuation of `prompt` by the model alone, one token per decode.
-std::vector<int32_t> greedy(llm::Context& ctx, std::vector<int32_t> tokens, int n) {
+// The greedy continuation of `prompt` by the model alone, one token per decode, among the first
+// n_ids token ids (0: all).
+std::vector<int32_t> greedy(llm::Context& ctx, std::vector<int32_t> tokens, int n, int n_ids = 0) {
     ctx.seq_truncate(0, 0);
     llm::Batch b;
     for (size_t i = 0; i < tokens.size(); i++) b.add(tokens[i], (int)i, 0, i + 1 == tokens.size());
     std::vector<int32_t> out;
-    const int n_vocab = ctx.model().hp.n_vocab;
+    const int n_vocab = n_ids > 0 ? n_ids : ctx.model().hp.n_vocab;
     for (int i = 0; i < n; i++) {
         ctx.decode(b);
         const float* l = ctx.logits(0);
@@ -90,6 +94,48 @@ TEST_CASE("speculative: a draft model beside its target shares its thread pool a
     CHECK(d != want);
     // The target still decodes as before on the shared workers.
     CHECK(greedy(ctx, kIds, 12) == want);
+}
+
+TEST_CASE("speculative: a restricted draft head (head_vocab) computes the first ids' logits bit for bit, on every ISA tier") {
+    const llm::Isa saved = llm::isa_current();
+    for (const char* name : {"tiny-qwen2-Q8_0.gguf", "tiny-qwen2-Q4_K_M.gguf", "tiny-llama-F16.gguf"}) {
+        for (llm::Isa isa : {llm::Isa::Scalar, llm::Isa::AVX2, llm::Isa::AVXVNNI, llm::Isa::AVX512}) {
+            if (!llm::isa_supported(isa)) continue;
+            llm::isa_set(isa);  // before loading: the output matrix is repacked for the tier in use
+            auto model = llm::Model::load(golden(name));
+            const int n_vocab = model->hp.n_vocab, kept = (n_vocab / 3 + 15) / 16 * 16;
+            CAPTURE(name);
+            CAPTURE(llm::isa_name(isa));
+            llm::ContextParams cp;
+            cp.n_ctx = 256;
+            cp.n_threads = 2;
+            llm::Context full(*model, cp);
+            cp.head_vocab = kept - 5;  // rounded up to the 16-row group
+            llm::Context restricted(*model, cp, full);
+            CHECK(full.head_vocab() == n_vocab);
+            CHECK(restricted.head_vocab() == kept);
+            llm::Batch b;
+            for (size_t i = 0; i < kIds.size(); i++) b.add(kIds[i], (int)i, 0, i % 3 == 0 || i + 1 == kIds.size());
+            full.decode(b);
+            restricted.decode(b);
+            REQUIRE(restricted.n_logits() == full.n_logits());
+            for (int r = 0; r < full.n_logits(); r++) {
+                CHECK(memcmp(full.logits(r), restricted.logits(r), kept * sizeof(float)) == 0);
+                const float* l = restricted.logits(r);
+                CHECK(std::all_of(l + kept, l + n_vocab, [](float x) { return x == -INFINITY; }));
+            }
+            // The draft proposes what greedy decoding over the kept ids gives, never an id beyond.
+            llm::DraftModel draft(*model, n_vocab, cp, full);
+            llm::DraftParams dp;
+            dp.n_max = 10;
+            dp.p_min = 0;
+            const std::vector<int32_t> d = draft.draft(0, kIds, dp, 512);
+            CHECK(d == greedy(full, kIds, 10, kept));
+            CHECK(std::all_of(d.begin(), d.end(), [&](int32_t t) { return t < kept; }));
+            CHECK(greedy(full, kIds, 10) != greedy(full, kIds, 10, kept));  // the restriction mattered
+        }
+    }
+    llm::isa_set(saved);
 }
 
 TEST_CASE("speculative: a draft model of another vocabulary is refused at load") {
@@ -379,7 +425,7 @@ TEST_CASE("speculative: -p mode with n-gram lookup and a draft model prints the 
     std::string plain, ngram, self, log;
     REQUIRE(testutil::run(base + "2>/dev/null", &plain) == 0);
     REQUIRE(testutil::run(base + "--spec-type ngram-simple 2>/dev/null", &ngram) == 0);
-    REQUIRE(testutil::run(base + "-md " + kModel + " --draft-p-min 0 --spec-backoff none 2>&1 >/dev/null", &log) == 0);
+    REQUIRE(testutil::run(base + "-md " + kModel + " --draft-p-min 0 --spec-backoff none --spec-draft-vocab 0 2>&1 >/dev/null", &log) == 0);
     REQUIRE(testutil::run(base + "-md " + kModel + " --draft-p-min 0 2>/dev/null", &self) == 0);
     CHECK(plain.size() > strlen("def add"));
     CHECK(ngram == plain);
@@ -394,4 +440,40 @@ TEST_CASE("speculative: -p mode with n-gram lookup and a draft model prints the 
     // A draft model whose vocabulary is not the target's is refused with a clear error.
     REQUIRE(testutil::run(base + "-md models/gemma-3-270m-Q4_K_M.gguf 2>&1", &log) != 0);
     CHECK(log.find("draft model: its tokenizer") != std::string::npos);
+}
+
+TEST_CASE("speculative: a restricted draft head (--spec-draft-vocab) leaves the output unchanged, in -p mode and over HTTP") {
+    const std::string prompt = "def add(a, b):\\n    return a + b\\n\\ndef sub(a, b):\\n    return a - b\\n\\ndef mul(a, b):\\n";
+    const std::string base = std::string("./llm-server -m ") + kModel + " -e -p '" + prompt + "' -n 24 --temp 0 -c 512 -t 2 ";
+    std::string plain, log, restricted;
+    REQUIRE(testutil::run(base + "2>/dev/null", &plain) == 0);
+    const std::string text_path = "/tmp/llm-test-spec-vocab-" + std::to_string(getpid()) + ".txt";
+    REQUIRE(testutil::run(base + "-md " + kModel + " --draft-p-min 0 --spec-backoff none --spec-draft-vocab 1000 2>&1 >" + text_path, &log) == 0);
+    restricted = testutil::read_file(text_path);
+    std::remove(text_path.c_str());
+    CHECK(restricted == plain);
+    const size_t at = log.find("draft =");
+    REQUIRE(at != std::string::npos);
+    int drafted = 0, drafts = 0, accepted = 0;
+    REQUIRE(sscanf(log.c_str() + at, "draft = %d tokens in %d drafts, %d accepted", &drafted, &drafts, &accepted) == 3);
+    CHECK(drafted > 0);
+    CHECK(log.find("ms per decode") != std::string::npos);
+    MESSAGE("SmolLM as its own draft over ids < 1000: " << accepted << " of " << drafted << " accepted");
+    REQUIRE(testutil::run(base + "--spec-draft-vocab -1 2>&1", &log) != 0);
+    CHECK(log.find("--spec-draft-vocab") != std::string::npos);
+    // Tiny models (ids only): the target as its own draft and a different draft, a third of the ids kept.
+    auto tiny = llm::Model::load(golden("tiny-llama-F16.gguf"));
+    REQUIRE(tiny->hp.n_vocab >= 64);
+    const std::string kept = std::to_string(tiny->hp.n_vocab / 3);
+    for (const char* draft : {"tiny-llama-F16.gguf", "tiny-qwen2-F16.gguf"}) {
+        CAPTURE(draft);
+        auto s = tiny_server({"-md", golden(draft), "--draft-p-min", "0", "--spec-backoff", "none", "--spec-draft-vocab", kept});
+        for (int i = 0; i < 2; i++) {
+            std::vector<int32_t> p = kIds;
+            p[2] = 200 + 90 * i;
+            const json want = complete(s->port, greedy_body(p, 32, 0)), got = complete(s->port, greedy_body(p, 32, 8));
+            CHECK(got["tokens"] == want["tokens"]);
+            CHECK(got["timings"].value("draft_n", 0) > 0);
+        }
+    }
 }
