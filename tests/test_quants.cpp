@@ -456,6 +456,63 @@ TEST_CASE("quants: interleaved weights round-trip and multiply like their rows")
     }
 }
 
+// The byte-product kernels' int16 runs at the extremes of their operands: Q8_0 weights -128 and 127
+// (stored 0 and 255), IQ4_NL's -127 and 113, against activations -127, 127 and -1 (y & 15 = 15) as the
+// quantizer writes them. With unit scales every product is an exact integer below 2^24, so each tier
+// must give exactly sum(w * y): a saturated run anywhere would show.
+TEST_CASE("quants: interleaved Q8_0 / IQ4_NL kernels are exact at extreme values on every tier") {
+    IsaGuard guard;
+    std::mt19937 rng(31);
+    const int64_t k = 256, rows = 16, cols = 8, nb = k / 32;
+    const uint16_t one = 0x3C00;  // 1.0 in f16
+    auto pick = [&](std::initializer_list<int> v) { return v.begin()[rng() % v.size()]; };
+    std::vector<uint8_t> A;  // q8_0 columns: d = 1, then 32 values per block
+    std::vector<float> af;
+    for (int64_t c = 0; c < cols; c++)
+        for (int64_t b = 0; b < nb; b++) {
+            A.push_back(one & 0xFF), A.push_back(one >> 8);
+            for (int e = 0; e < 32; e++) {
+                const int y = c % 4 == 0 ? -127 : c % 4 == 1 ? 127 : c % 4 == 2 ? -1 : c < 4 ? pick({-127, 127, -1}) : (int)(rng() % 255) - 127;
+                A.push_back((uint8_t)(int8_t)y), af.push_back((float)y);
+            }
+        }
+    const size_t arow = llm::row_bytes(Type::Q8_0, k);
+    for (Type t : {Type::Q8_0, Type::IQ4_NL}) {
+        CAPTURE(llm::type_info(t).name);
+        const bool bytes = t == Type::Q8_0;
+        std::vector<uint8_t> W;  // d = 1; Q8_0 bytes or IQ4_NL index nibbles (0: -127, 15: 113)
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t b = 0; b < nb; b++) {
+                W.push_back(one & 0xFF), W.push_back(one >> 8);
+                for (int e = 0; e < (bytes ? 32 : 16); e++) {
+                    const int hi = bytes ? 127 : 0xFF, lo = bytes ? -128 : 0x00;
+                    const int v = r % 4 == 0 ? hi : r % 4 == 1 ? lo : r % 4 == 2 ? (bytes ? (e % 2 ? hi : lo) : 0x0F) : (int)(rng() % 256);
+                    W.push_back((uint8_t)v);
+                }
+            }
+        const size_t wrow = llm::row_bytes(t, k);
+        std::vector<float> wf(rows * k);
+        for (int64_t r = 0; r < rows; r++) llm::dequantize_row(t, W.data() + r * wrow, wf.data() + r * k, k);
+        std::vector<uint8_t> packed(W.size());
+        llm::interleave_rows16(t, W.data(), packed.data(), k, rows);
+        for (llm::Isa isa : supported_isas()) {
+            CAPTURE(llm::isa_name(isa));
+            llm::isa_set(isa);
+            for (int64_t n_act : {(int64_t)1, (int64_t)2, (int64_t)3, (int64_t)4, (int64_t)cols}) {
+                CAPTURE(n_act);
+                std::vector<float> got(rows * cols, -1.0f);
+                llm::matmul_rows_interleaved(t, packed.data(), k, 0, rows, A.data(), arow, n_act, got.data(), rows);
+                for (int64_t j = 0; j < n_act; j++)
+                    for (int64_t i = 0; i < rows; i++) {
+                        double want = 0;
+                        for (int64_t e = 0; e < k; e++) want += (double)wf[i * k + e] * af[j * k + e];
+                        CHECK(got[j * rows + i] == want);
+                    }
+            }
+        }
+    }
+}
+
 namespace llm {  // the engine's attention score kernels (implementation section)
 bool attention_scores(Type kt, const uint8_t* rows, size_t stride, int64_t n_rows, int64_t dim, const uint8_t* qc, size_t q_row,
                       int heads, float* out, int64_t out_stride, float* scratch);
