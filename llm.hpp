@@ -1024,7 +1024,14 @@ public:
     // probability < p.p_min (its softmax over the context's head_vocab() ids: a restricted head never
     // proposes an id beyond) or at the sequence's end; fewer than p.n_min: none. The tokens that
     // sequence seq already caches are reused (the common prefix); the rest is fed n_batch at a time.
-    std::vector<int32_t> draft(int seq, const std::vector<int32_t>& tokens, const DraftParams& p, int n_batch);
+    // A proposal (the n-gram lookup's) is evaluated in one batch with the last token: its leading
+    // tokens that the draft would draft itself (p >= p_min) are taken without a decode each, and the
+    // draft goes on alone from the first it disagrees with. n_own_max: the most tokens it drafts alone.
+    std::vector<int32_t> draft(int seq, const std::vector<int32_t>& tokens, const DraftParams& p, int n_batch,
+                               const std::vector<int32_t>& proposal = {}, int n_own_max = INT32_MAX);
+    // Of the last draft(): its tokens confirmed from the proposal, and its decodes (the catch-up's not counted).
+    int last_confirmed() const { return last_confirmed_; }
+    int last_decodes() const { return last_decodes_; }
     // Brings sequence seq to `tokens` (what draft() does first), so a prompt can be read ahead of time;
     // the last token's logits are then in context().logits(0).
     void feed(int seq, const std::vector<int32_t>& tokens, int n_batch);
@@ -1041,11 +1048,13 @@ public:
 
 private:
     void decode(int seq, const Batch& batch);
+    void feed_with(int seq, const std::vector<int32_t>& tokens, const std::vector<int32_t>& extra, int n_batch);
     Context ctx_;
     int target_vocab_;
     std::vector<std::vector<int32_t>> cached_;  // per sequence: the tokens in ctx_'s cache
     int64_t n_decodes_ = 0;                      // decode() calls, feeds included
     Timing timing_;
+    int last_confirmed_ = 0, last_decodes_ = 0;
 };
 
 // What speculation costs and yields, to choose how much to draft: the target's decode time by batch
@@ -17242,23 +17251,29 @@ size_t DraftModel::cached_prefix(int seq, const std::vector<int32_t>& tokens) co
     return (size_t)(std::mismatch(cached.begin(), cached.begin() + n, tokens.begin()).first - cached.begin());
 }
 
-void DraftModel::feed(int seq, const std::vector<int32_t>& tokens, int n_batch) {
+void DraftModel::feed(int seq, const std::vector<int32_t>& tokens, int n_batch) { feed_with(seq, tokens, {}, n_batch); }
+
+// Brings sequence seq to tokens + extra: the common prefix stays (the last token of `tokens` is evaluated
+// again), the rest goes n_batch at a time, the first batch the short one, so the last batch holds the
+// logits rows: the last token of `tokens`, then each of `extra` (at most n_batch - 1 of them).
+void DraftModel::feed_with(int seq, const std::vector<int32_t>& tokens, const std::vector<int32_t>& extra, int n_batch) {
     if (seq < 0 || seq >= ctx_.n_seq()) fail("draft model: no sequence %d", seq);
-    if (tokens.empty() || (int)tokens.size() > ctx_.n_ctx_seq()) fail("draft model: %zu tokens do not fit its sequence", tokens.size());
+    const int len = (int)tokens.size(), end = len + (int)extra.size(), step = std::max(1, n_batch);
+    if (tokens.empty() || end > ctx_.n_ctx_seq()) fail("draft model: %d tokens do not fit its sequence", end);
+    if ((int)extra.size() >= step) fail("draft model: %zu tokens to check in batches of %d", extra.size(), step);
     std::vector<int32_t>& cached = cached_[seq];
-    // Reuse the common prefix; the last token is evaluated again for its logits.
     size_t keep = 0;
     while (keep < cached.size() && keep + 1 < tokens.size() && cached[keep] == tokens[keep]) keep++;
     ctx_.seq_truncate(seq, (int)keep);
     cached.resize(keep);
-    const int len = (int)tokens.size(), step = std::max(1, n_batch);
+    auto token_at = [&](int i) { return i < len ? tokens[i] : extra[i - len]; };
+    const int first = (end - (int)keep) % step == 0 ? step : (end - (int)keep) % step;
     Batch batch;
-    for (int from = (int)keep; from < len; from += step) {
-        const int to = std::min(len, from + step);
+    for (int from = (int)keep, to = std::min(end, from + first); from < end; from = to, to = std::min(end, to + step)) {
         batch.clear();
-        for (int i = from; i < to; i++) batch.add(tokens[i], i, seq, i == len - 1);
+        for (int i = from; i < to; i++) batch.add(token_at(i), i, seq, i >= len - 1);
         decode(seq, batch);
-        cached.insert(cached.end(), tokens.begin() + from, tokens.begin() + to);
+        for (int i = from; i < to; i++) cached.push_back(token_at(i));
     }
 }
 
@@ -17273,24 +17288,48 @@ void DraftModel::decode(int seq, const Batch& batch) {
     }
 }
 
-std::vector<int32_t> DraftModel::draft(int seq, const std::vector<int32_t>& tokens, const DraftParams& p, int n_batch) {
+std::vector<int32_t> DraftModel::draft(int seq, const std::vector<int32_t>& tokens, const DraftParams& p, int n_batch,
+                                       const std::vector<int32_t>& proposal, int n_own_max) {
+    last_confirmed_ = last_decodes_ = 0;
     const int len = (int)tokens.size();
     const int n_max = std::min(p.n_max, ctx_.n_ctx_seq() - len);  // positions the draft's sequence has left
     if (len == 0 || n_max <= 0 || n_max < p.n_min) return {};
     const double t0 = now_seconds();
     const int64_t decodes_before = n_decodes_;
-    feed(seq, tokens, n_batch);
+    // Row r of the first batch's logits checks proposal[r]: the tokens before the last one checked are evaluated.
+    const int n_check = std::min({(int)proposal.size(), n_max, std::max(1, n_batch)});
+    const std::vector<int32_t> evaluated(proposal.begin(), proposal.begin() + std::max(0, n_check - 1));
+    feed_with(seq, tokens, evaluated, n_batch);
+    last_decodes_ = 1;
     std::vector<int32_t> out;
-    Batch batch;
+    int row = 0, own = 0;
+    bool checking = n_check > 0;  // the logits rows are the proposal's, not yet the draft's own tokens
     for (;;) {
-        const auto [token, prob] = best_token(ctx_.logits(0), ctx_.head_vocab());
-        if (token >= target_vocab_ || prob < p.p_min) break;
+        const auto [token, prob] = best_token(ctx_.logits(row), ctx_.head_vocab());
+        const bool confirmed = checking && row < n_check && token == proposal[row];
+        if (token >= target_vocab_ || prob < p.p_min || (!confirmed && own >= n_own_max)) break;
         out.push_back(token);
+        own += !confirmed;
+        last_confirmed_ += confirmed;
         if ((int)out.size() >= n_max) break;
-        batch.clear();
-        batch.add(token, len + (int)out.size() - 1, seq, true);
+        if (confirmed && row < (int)evaluated.size()) {  // the next row is evaluated already
+            row++;
+            continue;
+        }
+        if (own >= n_own_max) break;
+        // Alone from here: the cache drops the proposal's rows after the tokens drafted so far.
+        const int pos = len + (int)out.size() - 1;
+        if ((int)cached_[seq].size() > pos) {
+            ctx_.seq_truncate(seq, pos);
+            cached_[seq].resize(pos);
+        }
+        Batch batch;
+        batch.add(token, pos, seq, true);
         decode(seq, batch);
         cached_[seq].push_back(token);
+        last_decodes_++;
+        checking = false;
+        row = 0;
     }
     timing_.decodes += n_decodes_ - decodes_before;
     timing_.ms += (now_seconds() - t0) * 1000;

@@ -88,6 +88,8 @@ void print_timing(const char* what, double ms, int n) {
 // What a generation did with its drafts.
 struct DraftStats {
     int drafted = 0, accepted = 0, steps = 0;  // steps: target evaluations that carried a draft
+    int decodes = 0;                           // target evaluations in all
+    double draft_ms = 0, decode_ms = 0, sample_ms = 0;
 };
 
 // The drafters of -md / --spec-type, or null without them.
@@ -111,8 +113,10 @@ int generate(llm::Context& ctx, llm::Sampler& sampler, Speculator* spec, const l
     int n_gen = 0;
     llm::Batch batch;
     while (n_gen < limit) {
+        const double t_sample = now_seconds();
         const int32_t tok = sampler.sample(ctx.logits((int)row), m.hp.n_vocab);
         sampler.accept(tok);
+        st.sample_ms += (now_seconds() - t_sample) * 1000;
         n_gen++;
         const bool kept = row < draft.size() && tok == draft[row];
         st.accepted += kept;
@@ -128,7 +132,9 @@ int generate(llm::Context& ctx, llm::Sampler& sampler, Speculator* spec, const l
         }
         ctx.seq_truncate(0, (int)tokens.size() - 1);  // the rejected drafts' rows go
         const int room = std::min(limit - n_gen - 1, ctx.n_ctx_seq() - (int)tokens.size());
+        const double t_draft = now_seconds();
         draft = spec ? spec->draft(0, tokens, dp, room, n_batch) : std::vector<int32_t>();
+        st.draft_ms += (now_seconds() - t_draft) * 1000;
         st.drafted += (int)draft.size();
         st.steps += !draft.empty();
         batch.clear();
@@ -136,6 +142,8 @@ int generate(llm::Context& ctx, llm::Sampler& sampler, Speculator* spec, const l
         for (size_t i = 0; i < draft.size(); i++) batch.add(draft[i], (int)(tokens.size() + i), 0, true);
         t_decode = now_seconds();
         ctx.decode(batch);
+        st.decode_ms += (now_seconds() - t_decode) * 1000;
+        st.decodes++;
         row = 0;
     }
     return n_gen;
@@ -151,7 +159,8 @@ std::pair<double, double> median_stddev(const std::vector<double>& xs) {
     return {sorted[sorted.size() / 2], std::sqrt(var)};
 }
 
-// The draft line; with a draft model also its in-loop time per decode.
+// The drafts' yield (with a draft model its in-loop time per decode), and where the generation's time
+// went (the draft model's part split further).
 void print_draft_stats(const DraftStats& st, int n_gen, const Speculator& spec) {
     fprintf(stderr, "%18s = %5d tokens in %d drafts, %d accepted (%.1f%%); %d tokens generated", "draft", st.drafted, st.steps,
             st.accepted, st.drafted ? 100.0 * st.accepted / st.drafted : 0.0, n_gen);
@@ -159,6 +168,10 @@ void print_draft_stats(const DraftStats& st, int n_gen, const Speculator& spec) 
         fprintf(stderr, "; draft model %.2f ms per decode (%lld decodes)", dm->timing().decodes ? dm->timing().ms / dm->timing().decodes : 0.0,
                 (long long)dm->timing().decodes);
     fprintf(stderr, "\n");
+    const Speculator::Counters& c = spec.counters();
+    fprintf(stderr, "%18s = %.0f ms target decodes (%d), %.0f ms sampling, %.0f ms drafting: draft model %.0f ms in %d calls + %.0f ms catch-up\n",
+            "spec time", st.decode_ms, st.decodes, st.sample_ms, st.draft_ms, c.model_ms, c.model_calls, c.catch_up_ms);
+    if (c.checked) fprintf(stderr, "%18s = %d lookup proposals checked by the draft model, %d tokens confirmed\n", "draft checks", c.checked, c.confirmed);
 }
 
 }  // namespace

@@ -9,7 +9,10 @@ namespace srv {
 
 namespace {
 
-const int kMaxBackoff = 64;  // the most steps a sequence skips the draft model before trying it again
+// The most steps a sequence skips the draft model before trying it again; when that try fails too, the
+// sequence gives up on it (skips it for good): each try costs a catch-up of the tokens it skipped.
+const int kMaxBackoff = 32;
+const int kGaveUp = INT32_MAX;
 
 // The draft model's context: one sequence per target sequence, -cd cells in all (default: the
 // target's), -td / -tbd threads of the target's pool.
@@ -49,15 +52,15 @@ std::vector<int32_t> Speculator::draft(int seq, const std::vector<int32_t>& toke
     llm::DraftParams capped = p;
     capped.n_max = std::min(p.n_max, room);
     if (capped.n_max <= 0 || capped.n_max < p.n_min) return {};
-    std::vector<int32_t> out;
-    if (o_.ngram) out = ngram_draft(s, tokens, capped.n_max, base);
+    std::vector<int32_t> out, proposal;  // the lookup's draft as the cost model cuts it, and as found
+    if (o_.ngram) out = ngram_draft(s, tokens, capped.n_max, base, proposal);
     bool model_now = draft_ != nullptr;
     if (model_now && o_.backoff && s.skip > 0) {  // backing off from the draft model
         s.skip--;
         model_now = false;
     }
-    if (model_now && (out.empty() || model_beats_ngram(s, (int)out.size(), base))) {
-        std::vector<int32_t> by_model = model_draft(s, seq, tokens, capped, n_batch, base);
+    if (model_now) {  // it checks the lookup's proposal if there is one
+        std::vector<int32_t> by_model = model_draft(s, seq, tokens, capped, n_batch, base, proposal);
         if (!by_model.empty() && !out.empty()) {  // the lookup's proposal is checked against what follows
             s.unverified = std::move(out);
             s.unverified_at = tokens.size();
@@ -71,9 +74,9 @@ std::vector<int32_t> Speculator::draft(int seq, const std::vector<int32_t>& toke
     return out;
 }
 
-// The lookup's proposal, cut to the length the cost model prefers for its acceptance so far; one that
-// is not verified (cut to nothing) is checked against the tokens that follow instead.
-std::vector<int32_t> Speculator::ngram_draft(Sequence& s, const std::vector<int32_t>& tokens, int n_max, int base) {
+// The lookup's proposal (also in `proposal` as found), cut to the length the cost model prefers for its
+// acceptance so far; one that is not verified (cut to nothing) is checked against the tokens that follow.
+std::vector<int32_t> Speculator::ngram_draft(Sequence& s, const std::vector<int32_t>& tokens, int n_max, int base, std::vector<int32_t>& proposal) {
     if (!s.unverified.empty() && tokens.size() > s.unverified_at) {
         size_t kept = 0;
         const size_t seen = std::min(s.unverified.size(), tokens.size() - s.unverified_at);
@@ -81,7 +84,8 @@ std::vector<int32_t> Speculator::ngram_draft(Sequence& s, const std::vector<int3
         s.ngram_outcome(kept, kept < seen);
         s.unverified.clear();
     }
-    std::vector<int32_t> out = llm::ngram_draft(tokens, o_.ngram_n, n_max);
+    proposal = llm::ngram_draft(tokens, o_.ngram_n, n_max);
+    std::vector<int32_t> out = proposal;
     if (out.empty() || !o_.backoff) {
         s.last = out.empty() ? Source::None : Source::Ngram;
         return out;
@@ -97,39 +101,38 @@ std::vector<int32_t> Speculator::ngram_draft(Sequence& s, const std::vector<int3
     return out;
 }
 
-// With both drafters: whether the draft model's yield per ms so far beats the lookup's draft of k (by
-// its acceptance so far); a draft model not tried yet is tried.
-bool Speculator::model_beats_ngram(const Sequence& s, int k, int base) const {
-    if (!o_.backoff) return false;
-    if (!s.model_tried) return true;
-    return cost_.rate(s.model_kept, s.model_drafted, s.model_ms, base) >
-           cost_.rate(llm::DraftCost::expected_kept(s.ngram_acceptance(), k), k, 0, base);
-}
-
-// The draft model's draft, its length capped where the next token's expected yield no longer pays for
-// its decode. The catch-up of tokens drafted by the lookup or skipped while backing off is not counted
-// in the call's cost.
+// The draft model's draft, checking the lookup's proposal in one batch when there is one. The tokens it
+// drafts alone are capped where the next one's expected yield no longer pays for its decode; the whole
+// draft where the next token no longer pays for its verification. The catch-up of tokens drafted by the
+// lookup or skipped while backing off is not counted in the call's cost.
 std::vector<int32_t> Speculator::model_draft(Sequence& s, int seq, const std::vector<int32_t>& tokens, const llm::DraftParams& p, int n_batch,
-                                             int base) {
+                                             int base, const std::vector<int32_t>& proposal) {
     llm::DraftParams capped = p;
+    int n_own_max = p.n_max;
     if (o_.backoff && s.model_tried) {
-        capped.n_max = std::max({1, p.n_min, cost_.best_length(s.model_acceptance(), p.n_max, base, s.model_ms / std::max(1.0, s.model_decodes))});
-        capped.n_max = std::min(capped.n_max, p.n_max);
+        auto cap = [&](double ms_per_token) { return std::min(p.n_max, std::max({1, p.n_min, cost_.best_length(s.model_acceptance(), p.n_max, base, ms_per_token)})); };
+        n_own_max = cap(s.model_ms / std::max(1.0, s.model_decodes));
+        capped.n_max = proposal.empty() ? n_own_max : cap(0);
     }
     std::vector<int32_t> out;
     try {
+        const double t0 = now_seconds();
         if (draft_->cached_prefix(seq, tokens) + 2 < tokens.size())  // more than the usual last one or two
             draft_->feed(seq, std::vector<int32_t>(tokens.begin(), tokens.end() - 1), n_batch);
-        const double t0 = now_seconds();
-        out = draft_->draft(seq, tokens, capped, n_batch);
-        s.call_ms = (now_seconds() - t0) * 1000;
+        const double t1 = now_seconds();
+        out = draft_->draft(seq, tokens, capped, n_batch, proposal, n_own_max);
+        s.call_ms = (now_seconds() - t1) * 1000;
+        counters_.catch_up_ms += (t1 - t0) * 1000;
+        counters_.model_ms += s.call_ms;
     } catch (const llm::Error& e) {
         log_msg('W', "draft model: %s (no draft this step)", e.what());
         return {};
     }
-    // Its decodes: the last token, then each drafted token but one that reached the cap.
-    s.call_decodes = 1 + (double)out.size() - ((int)out.size() == capped.n_max);
+    s.call_decodes = draft_->last_decodes();
     s.call_base = base;
+    counters_.model_calls++;
+    counters_.checked += !proposal.empty();
+    counters_.confirmed += draft_->last_confirmed();
     if ((int)out.size() < p.n_min) out.clear();
     if (out.empty()) record_model_call(s, 0, 0);
     else s.last = Source::Model;
@@ -149,9 +152,11 @@ void Speculator::record_model_call(Sequence& s, int n_drafted, int n_kept) {
     if (!o_.backoff) return;
     if (cost_.pays(s.model_kept, s.model_drafted, s.model_ms, s.call_base)) {
         s.backoff = 1;
+    } else if (s.backoff > kMaxBackoff) {
+        s.skip = kGaveUp;
     } else {
         s.skip = s.backoff;
-        s.backoff = std::min(kMaxBackoff, 2 * s.backoff);
+        s.backoff *= 2;
     }
 }
 

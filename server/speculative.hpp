@@ -8,7 +8,9 @@
 // it is cut to the length with the most tokens per ms for its measured acceptance (0: not verified; its
 // proposal is still checked against the next token, so the estimate keeps moving). A draft model call
 // costs its decodes: while its measured yield per call does not pay for them and the verification, the
-// sequence skips it for 1, 2, 4 .. 64 steps and then tries again (its cache catches up in one batch).
+// sequence skips it for 1, 2, 4 .. 32 steps and then tries again (its cache catches up in one batch);
+// when the try after 32 skipped steps fails too, the sequence gives up on it (its catch-ups would cost
+// more than its drafts yield). With both drafters it checks the lookup's proposal in one batch.
 #pragma once
 #include <memory>
 #include <vector>
@@ -28,7 +30,8 @@ public:
     // A new request on sequence seq: its acceptance estimates start over.
     void reset(int seq);
     // The draft after `tokens` (all of sequence seq so far; the target has not evaluated the last):
-    // n-gram lookup first, then the draft model; at most min(p.n_max, room) tokens, fewer as the cost
+    // n-gram lookup first, then the draft model (checking the lookup's proposal, if any, in one batch,
+    // then drafting on alone); at most min(p.n_max, room) tokens, fewer as the cost
     // model says, with `base` entries in the step's batch besides the draft (1: only the pending token).
     // A draft model that fails logs and drafts nothing.
     std::vector<int32_t> draft(int seq, const std::vector<int32_t>& tokens, const llm::DraftParams& p, int room, int n_batch, int base = 1);
@@ -39,6 +42,12 @@ public:
     // A target decode of n_tokens entries took ms (the cost model's input).
     void record_decode(int n_tokens, double ms) { cost_.record_decode(n_tokens, ms); }
     std::string describe() const;  // "n-gram (n = 3)", "draft model F", ... for the log
+    // Where the draft model's time went, over all sequences (the -p mode's report).
+    struct Counters {
+        int model_calls = 0, checked = 0, confirmed = 0;  // its calls, those that checked a lookup proposal, tokens confirmed
+        double model_ms = 0, catch_up_ms = 0;             // drafting, and feeding it the tokens it had not seen
+    };
+    const Counters& counters() const { return counters_; }
 
 private:
     enum class Source { None, Ngram, Model };
@@ -62,15 +71,16 @@ private:
         double ngram_acceptance() const { return ngram_kept / (ngram_kept + ngram_rejected); }
         double model_acceptance() const { return model_kept_sum / (model_kept_sum + model_rejected); }
     };
-    std::vector<int32_t> ngram_draft(Sequence& s, const std::vector<int32_t>& tokens, int n_max, int base);
-    std::vector<int32_t> model_draft(Sequence& s, int seq, const std::vector<int32_t>& tokens, const llm::DraftParams& p, int n_batch, int base);
+    std::vector<int32_t> ngram_draft(Sequence& s, const std::vector<int32_t>& tokens, int n_max, int base, std::vector<int32_t>& proposal);
+    std::vector<int32_t> model_draft(Sequence& s, int seq, const std::vector<int32_t>& tokens, const llm::DraftParams& p, int n_batch, int base,
+                                     const std::vector<int32_t>& proposal);
     void record_model_call(Sequence& s, int n_drafted, int n_kept);
-    bool model_beats_ngram(const Sequence& s, int k, int base) const;
     const SpecOptions o_;
     std::unique_ptr<llm::Model> model_;
     std::unique_ptr<llm::DraftModel> draft_;
     std::vector<Sequence> seqs_;
     llm::DraftCost cost_;
+    Counters counters_;
 };
 
 }  // namespace srv

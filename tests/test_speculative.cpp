@@ -71,6 +71,27 @@ TEST_CASE("speculative: a draft model beside its target shares its thread pool a
     dp.n_max = 12;
     dp.p_min = 0;
     CHECK(self.draft(0, kIds, dp, 512) == want);
+    CHECK(self.last_decodes() == 12);  // the last prompt token, then each drafted token but the last
+    CHECK(self.last_confirmed() == 0);
+    // A proposal is checked in one batch: the tokens the draft agrees with come without a decode each;
+    // from the first it disagrees with it drafts alone (its cache drops the proposal's other rows).
+    std::vector<int32_t> proposal(want.begin(), want.begin() + 5);
+    proposal.insert(proposal.end(), {want[5] == 7 ? 8 : 7, 3, 4});
+    CHECK(self.draft(0, kIds, dp, 512, proposal) == want);
+    CHECK(self.last_confirmed() == 5);
+    CHECK(self.last_decodes() == 7);  // the checking batch, then want[5..10] alone (want[11] reaches n_max)
+    CHECK(self.draft(0, kIds, dp, 512, proposal, 2) == std::vector<int32_t>(want.begin(), want.begin() + 7));
+    CHECK(self.last_decodes() == 2);  // at most 2 tokens alone: one decode after the first of them
+    CHECK(self.draft(0, kIds, dp, 512, want) == want);
+    CHECK(self.last_confirmed() == 12);
+    CHECK(self.last_decodes() == 1);
+    // A new prompt with the check: the catch-up goes in batches of 5, the last one holding the 5 rows checked.
+    std::vector<int32_t> other_prompt = kIds;
+    other_prompt[0] = 100;
+    const std::vector<int32_t> other_want = greedy(ctx, other_prompt, 12);
+    CHECK(self.draft(0, other_prompt, dp, 5, other_want) == other_want);
+    CHECK(self.last_confirmed() == 5);
+    CHECK(self.draft(0, kIds, dp, 512, proposal) == want);
     // Later tokens reuse the cached prefix and give the rest of the same continuation.
     std::vector<int32_t> longer = kIds;
     longer.insert(longer.end(), want.begin(), want.begin() + 5);
@@ -430,6 +451,23 @@ TEST_CASE("speculative: -p mode with n-gram lookup and a draft model prints the 
     CHECK(plain.size() > strlen("def add"));
     CHECK(ngram == plain);
     CHECK(self == plain);
+    // Both drafters: the draft model checks the lookup's proposals in one batch (the prompt ends where
+    // the text repeats: the lookup proposes the first function's body), the text unchanged.
+    const std::string again = std::string("./llm-server -m ") + kModel + " -e -p 'def add(a, b):\\n    return a + b\\n\\ndef sub(a, b):\\n    return a - b\\n\\ndef add(a, b):' -n 24 --temp 0 -c 512 -t 2 ";
+    std::string again_plain, both, both_log;
+    const std::string both_flags = "-md " + std::string(kModel) + " --spec-type ngram-simple --draft-p-min 0 ";
+    REQUIRE(testutil::run(again + "2>/dev/null", &again_plain) == 0);
+    REQUIRE(testutil::run(again + both_flags + "2>/dev/null", &both) == 0);
+    CHECK(both == again_plain);
+    REQUIRE(testutil::run(again + both_flags + "--spec-backoff none 2>&1 >/dev/null", &both_log) == 0);
+    const size_t checks_at = both_log.find("draft checks =");
+    REQUIRE(checks_at != std::string::npos);
+    int checked = 0, confirmed = 0;
+    REQUIRE(sscanf(both_log.c_str() + checks_at, "draft checks = %d lookup proposals checked by the draft model, %d tokens confirmed", &checked,
+                   &confirmed) == 2);
+    CHECK(checked >= 1);
+    CHECK(confirmed >= 4);
+    MESSAGE("both drafters: " << checked << " proposals checked, " << confirmed << " tokens confirmed");
     // Every draft of the model itself is accepted: "draft = N tokens in D drafts, N accepted".
     const size_t at = log.find("draft =");
     REQUIRE(at != std::string::npos);
