@@ -13864,45 +13864,117 @@ struct KVCache {
 // products convert the activations once to the weight's dot-product type (as the reference does, so
 // rounding matches), then split the weight rows over the threads.
 
-struct Context::Impl {
-    const Model& model;
-    ContextParams params;
-    std::shared_ptr<ThreadPool> pool_shared;  // this context's workers, or the ones it shares
-    ThreadPool& pool;
-    KVCache kv;
-    std::vector<float> logits;  // n_logits x n_vocab
-    int n_logits = 0;
-    // Scratch, reused between calls.
-    std::vector<float> x, cur, q, k, v, attn, tmp, qa, gathered, gathered_out;
-    std::vector<float> ffn_gate, ffn_up, moe_out, router, shexp_out, rope_cs;
-    // Embeddings mode: the output entries' hidden states, each sequence's pooled vector (and whether the
-    // last batch made one), and the classification head's inputs and outputs (rank pooling).
-    Pooling pooling = Pooling::None;
-    int n_embd_out = 0, n_embd_rows = 0;
-    std::vector<float> embd, embd_pooled, rank_in, rank_hidden, rank_scores;
-    std::vector<uint8_t> pooled_ready;
-    std::vector<std::vector<uint8_t>> act;     // activations converted for matmuls
-    std::vector<ActInfo> infos;                 // and their per-block data for the tiles
-    std::vector<std::vector<float>> thread_scratch;
-    std::vector<std::vector<uint8_t>> thread_bytes;
-    std::unique_ptr<OffloadBackend> device;     // runs the layers the model placed on a device
+// y = x / rms(x) * w for n rows of `dim` values spaced `stride` apart (sum of squares in double, as
+// the reference).
+void rms_norm(float* data, const TensorInfo* w, float eps, int n, int64_t dim, int64_t stride = 0) {
+    if (stride == 0) stride = dim;
+    const float* wt = (const float*)w->data;
+    for (int i = 0; i < n; i++) {
+        float* r = data + i * stride;
+        double sum = 0;
+        for (int64_t j = 0; j < dim; j++) sum += (double)r[j] * r[j];
+        const float scale = 1.0f / std::sqrt((float)(sum / dim) + eps);
+        for (int64_t j = 0; j < dim; j++) r[j] = r[j] * scale * wt[j];
+    }
+}
+void rms_norm_to(const float* in, const TensorInfo* w, float eps, int n, int64_t dim, float* out) {
+    std::copy(in, in + n * dim, out);
+    rms_norm(out, w, eps, n, dim);
+}
 
-    Impl(const Model& m, const ContextParams& p, std::shared_ptr<ThreadPool> shared)
-        : model(m), params(p),
-          pool_shared(shared ? std::move(shared) : std::make_shared<ThreadPool>(std::max(p.n_threads, p.n_threads_batch), p.poll)),
-          pool(*pool_shared), thread_scratch(pool.size()), thread_bytes(pool.size()) {}
+// In-place orthonormal Walsh-Hadamard transform of every block of n values (n a power of two):
+// the Sylvester matrix scaled by 1/sqrt(n), which is its own inverse.
+void hadamard(float* data, int64_t count, int n) {
+    const float scale = 1.0f / std::sqrt((float)n);
+    for (int64_t b = 0; b + n <= count; b += n) {
+        float* x = data + b;
+        for (int len = 1; len < n; len *= 2) {
+            for (int i = 0; i < n; i += 2 * len) {
+                for (int j = i; j < i + len; j++) {
+                    const float u = x[j], w = x[j + len];
+                    x[j] = u + w;
+                    x[j + len] = u - w;
+                }
+            }
+        }
+        for (int i = 0; i < n; i++) x[i] *= scale;
+    }
+}
 
-    // One product out[n x rows(w)] = x[n x k] * w^T. Several are run together so that a decode step
-    // with many small products (heads, experts) pays one thread hand-off, not one per product.
-    struct MatMul {
-        const TensorInfo* w;
-        const float* x;
-        int n;
-        float* out;
-    };
+// Adds the bias row b (when the model has one) to each of n rows.
+void add_bias(float* data, const TensorInfo* b, int n) {
+    if (!b) return;
+    const float* bv = (const float*)b->data;
+    for (int i = 0; i < n; i++) {
+        for (int64_t j = 0; j < b->ne[0]; j++) data[i * b->ne[0] + j] += bv[j];
+    }
+}
 
-    void matmul(std::initializer_list<MatMul> jobs) { matmul(std::vector<MatMul>(jobs)); }
-    void matmul(const std::vector<MatMul>& jobs) {
+// Copies `width` values at `offset` of each of n rows spaced `stride` apart into a dense [n x width]
+// block, or back (scatter).
+void gather(const float* src, int n, int64_t stride, int64_t offset, int64_t width, float* dst) {
+    for (int i = 0; i < n; i++) std::copy(src + i * stride + offset, src + i * stride + offset + width, dst + i * width);
+}
+void scatter(const float* src, int n, int64_t stride, int64_t offset, int64_t width, float* dst) {
+    for (int i = 0; i < n; i++) std::copy(src + i * width, src + (i + 1) * width, dst + i * stride + offset);
+}
+
+// The end of the positions entry i attends to (the batch's mask, or causal).
+int attention_end(const Batch& batch, int i) { return batch.attn_end.empty() ? batch.pos[i] + 1 : batch.attn_end[i]; }
+
+// The activations: GELU as ggml computes it (FFNs of gemma3 and bert), SiLU (the others).
+float gelu(float x) {
+    // ggml evaluates GELU (tanh form) through an f16 table: round the input and the output to f16.
+    if (x <= -10.0f) return 0.0f;
+    if (x >= 10.0f) return x;
+    const float xh = fp16_to_fp32(fp32_to_fp16(x));
+    const float y = 0.5f * xh * (1.0f + std::tanh(0.79788456080286535588f * xh * (1.0f + 0.044715f * xh * xh)));
+    return fp16_to_fp32(fp32_to_fp16(y));
+}
+float silu(float x) { return x / (1.0f + std::exp(-x)); }
+
+// Row `row` of an embedding table as f32 (a token embedding tied to the output may have been repacked).
+void embedding_row(const TensorInfo* t, int64_t row, float* out) {
+    const int64_t E = t->ne[0];
+    if (t->interleaved)
+        dequantize_interleaved_row(t->type, t->data, E, row, out);
+    else
+        dequantize_row(t->type, t->data + row_bytes(t->type, E) * row, out, E);
+}
+
+// LayerNorm of n rows of dim values: (x - mean) / sqrt(var + eps) * w + b, sums in double as the reference.
+void layer_norm(float* data, const TensorInfo* w, const TensorInfo* b, float eps, int n, int64_t dim) {
+    const float* wt = (const float*)w->data;
+    const float* bt = (const float*)b->data;
+    for (int i = 0; i < n; i++) {
+        float* r = data + i * dim;
+        double sum = 0, sq = 0;
+        for (int64_t j = 0; j < dim; j++) sum += r[j];
+        const float mean = (float)(sum / dim);
+        for (int64_t j = 0; j < dim; j++) {
+            r[j] -= mean;
+            sq += (double)r[j] * r[j];
+        }
+        const float scale = 1.0f / std::sqrt((float)(sq / dim) + eps);
+        for (int64_t j = 0; j < dim; j++) r[j] = r[j] * scale * wt[j] + bt[j];
+    }
+}
+
+// One product out[n x rows(w)] = x[n x k] * w^T. Several are run together so that a decode step
+// with many small products (heads, experts) pays one thread hand-off, not one per product.
+struct MatMul {
+    const TensorInfo* w;
+    const float* x;
+    int n;
+    float* out;
+};
+
+// Runs MatMul batches over a thread pool; owns the activations converted for them.
+class MatMuls {
+public:
+    explicit MatMuls(ThreadPool& pool) : pool(pool) {}
+    void operator()(std::initializer_list<MatMul> jobs) { (*this)(std::vector<MatMul>(jobs)); }
+    void operator()(const std::vector<MatMul>& jobs) {
         // Convert each distinct input once to the dot-product type of its weight.
         struct Conv { const float* x; Type t; int n; int64_t k; size_t row; };
         std::vector<Conv> convs;
@@ -13965,23 +14037,38 @@ struct Context::Impl {
         });
     }
 
-    // y = x / rms(x) * w for n rows of `dim` values spaced `stride` apart (sum of squares in double, as
-    // the reference).
-    static void rms_norm(float* data, const TensorInfo* w, float eps, int n, int64_t dim, int64_t stride = 0) {
-        if (stride == 0) stride = dim;
-        const float* wt = (const float*)w->data;
-        for (int i = 0; i < n; i++) {
-            float* r = data + i * stride;
-            double sum = 0;
-            for (int64_t j = 0; j < dim; j++) sum += (double)r[j] * r[j];
-            const float scale = 1.0f / std::sqrt((float)(sum / dim) + eps);
-            for (int64_t j = 0; j < dim; j++) r[j] = r[j] * scale * wt[j];
-        }
-    }
-    static void rms_norm_to(const float* in, const TensorInfo* w, float eps, int n, int64_t dim, float* out) {
-        std::copy(in, in + n * dim, out);
-        rms_norm(out, w, eps, n, dim);
-    }
+private:
+    ThreadPool& pool;
+    std::vector<std::vector<uint8_t>> act;  // activations converted for matmuls
+    std::vector<ActInfo> infos;              // and their per-block data for the tiles
+};
+
+struct Context::Impl {
+    const Model& model;
+    ContextParams params;
+    std::shared_ptr<ThreadPool> pool_shared;  // this context's workers, or the ones it shares
+    ThreadPool& pool;
+    MatMuls matmul{pool};  // every matrix product of the pass
+    KVCache kv;
+    std::vector<float> logits;  // n_logits x n_vocab
+    int n_logits = 0;
+    // Scratch, reused between calls.
+    std::vector<float> x, cur, q, k, v, attn, tmp, qa, gathered, gathered_out;
+    std::vector<float> ffn_gate, ffn_up, moe_out, router, shexp_out, rope_cs;
+    // Embeddings mode: the output entries' hidden states, each sequence's pooled vector (and whether the
+    // last batch made one), and the classification head's inputs and outputs (rank pooling).
+    Pooling pooling = Pooling::None;
+    int n_embd_out = 0, n_embd_rows = 0;
+    std::vector<float> embd, embd_pooled, rank_in, rank_hidden, rank_scores;
+    std::vector<uint8_t> pooled_ready;
+    std::vector<std::vector<float>> thread_scratch;
+    std::vector<std::vector<uint8_t>> thread_bytes;
+    std::unique_ptr<OffloadBackend> device;     // runs the layers the model placed on a device
+
+    Impl(const Model& m, const ContextParams& p, std::shared_ptr<ThreadPool> shared)
+        : model(m), params(p),
+          pool_shared(shared ? std::move(shared) : std::make_shared<ThreadPool>(std::max(p.n_threads, p.n_threads_batch), p.poll)),
+          pool(*pool_shared), thread_scratch(pool.size()), thread_bytes(pool.size()) {}
 
     // The model's RoPE angles at one position (rope_angles, with its frequency factors).
     void rope_angles(int pos, float base, float* cs) const {
@@ -14041,45 +14128,6 @@ struct Context::Impl {
             }
         }
     }
-
-    // In-place orthonormal Walsh-Hadamard transform of every block of n values (n a power of two):
-    // the Sylvester matrix scaled by 1/sqrt(n), which is its own inverse.
-    static void hadamard(float* data, int64_t count, int n) {
-        const float scale = 1.0f / std::sqrt((float)n);
-        for (int64_t b = 0; b + n <= count; b += n) {
-            float* x = data + b;
-            for (int len = 1; len < n; len *= 2) {
-                for (int i = 0; i < n; i += 2 * len) {
-                    for (int j = i; j < i + len; j++) {
-                        const float u = x[j], w = x[j + len];
-                        x[j] = u + w;
-                        x[j + len] = u - w;
-                    }
-                }
-            }
-            for (int i = 0; i < n; i++) x[i] *= scale;
-        }
-    }
-
-    static void add_bias(float* data, const TensorInfo* b, int n) {
-        if (!b) return;
-        const float* bv = (const float*)b->data;
-        for (int i = 0; i < n; i++) {
-            for (int64_t j = 0; j < b->ne[0]; j++) data[i * b->ne[0] + j] += bv[j];
-        }
-    }
-
-    // Copies `width` values at `offset` of each of n rows spaced `stride` apart into a dense [n x width]
-    // block, or back (scatter).
-    static void gather(const float* src, int n, int64_t stride, int64_t offset, int64_t width, float* dst) {
-        for (int i = 0; i < n; i++) std::copy(src + i * stride + offset, src + i * stride + offset + width, dst + i * width);
-    }
-    static void scatter(const float* src, int n, int64_t stride, int64_t offset, int64_t width, float* dst) {
-        for (int i = 0; i < n; i++) std::copy(src + i * width, src + (i + 1) * width, dst + i * stride + offset);
-    }
-
-    // The end of the positions entry i attends to (the batch's mask, or causal).
-    static int attention_end(const Batch& batch, int i) { return batch.attn_end.empty() ? batch.pos[i] + 1 : batch.attn_end[i]; }
 
     // Attention of every batch token over its own sequence's cached positions [lo, end). q holds
     // n x n_head x head_dim_k, the result goes to attn as n x n_head x head_dim_v. In latent (MLA)
@@ -14258,16 +14306,6 @@ struct Context::Impl {
         matmul({{L.wo, qa.data(), n, tmp.data()}});
     }
 
-    static float gelu(float x) {
-        // ggml evaluates GELU (tanh form) through an f16 table: round the input and the output to f16.
-        if (x <= -10.0f) return 0.0f;
-        if (x >= 10.0f) return x;
-        const float xh = fp16_to_fp32(fp32_to_fp16(x));
-        const float y = 0.5f * xh * (1.0f + std::tanh(0.79788456080286535588f * xh * (1.0f + 0.044715f * xh * xh)));
-        return fp16_to_fp32(fp32_to_fp16(y));
-    }
-    static float silu(float x) { return x / (1.0f + std::exp(-x)); }
-
     void gated_activation(float* gate, const float* up, int64_t count) {
         const bool use_gelu = model.hp.arch == Arch::Gemma3;
         pool.parallel_for(count, 16384, [&](int64_t b, int64_t e, int) {
@@ -14395,33 +14433,6 @@ struct Context::Impl {
         attn.resize((size_t)n * hp.n_head * hp.head_dim_v);
         k.resize((size_t)n * kv.dim_k);
         v.resize((size_t)n * kv.dim_v);
-    }
-
-    // Row `row` of an embedding table as f32 (a token embedding tied to the output may have been repacked).
-    static void embedding_row(const TensorInfo* t, int64_t row, float* out) {
-        const int64_t E = t->ne[0];
-        if (t->interleaved)
-            dequantize_interleaved_row(t->type, t->data, E, row, out);
-        else
-            dequantize_row(t->type, t->data + row_bytes(t->type, E) * row, out, E);
-    }
-
-    // LayerNorm of n rows of dim values: (x - mean) / sqrt(var + eps) * w + b, sums in double as the reference.
-    static void layer_norm(float* data, const TensorInfo* w, const TensorInfo* b, float eps, int n, int64_t dim) {
-        const float* wt = (const float*)w->data;
-        const float* bt = (const float*)b->data;
-        for (int i = 0; i < n; i++) {
-            float* r = data + i * dim;
-            double sum = 0, sq = 0;
-            for (int64_t j = 0; j < dim; j++) sum += r[j];
-            const float mean = (float)(sum / dim);
-            for (int64_t j = 0; j < dim; j++) {
-                r[j] -= mean;
-                sq += (double)r[j] * r[j];
-            }
-            const float scale = 1.0f / std::sqrt((float)(sq / dim) + eps);
-            for (int64_t j = 0; j < dim; j++) r[j] = r[j] * scale * wt[j] + bt[j];
-        }
     }
 
     // Encoder forward (bert): token + position + type-0 embeddings and their LayerNorm, then post-norm
