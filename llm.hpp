@@ -37,7 +37,8 @@
 //  14. KV cache              paged cells in f32/f16/q8_0/q4_0/iq4_nl (quantized rows Hadamard-rotated,
 //                            kv_rotation), per-sequence or unified; chunks moved to earlier positions,
 //                            keys re-rotated (seq_move, in 15)
-//  15. Forward pass          GQA and MLA attention, dense and MoE FFN, one path for prefill and decode;
+//  15. Forward pass          ops (norms, Hadamard, gather/scatter, activations), batched matmuls,
+//                            GQA and MLA attention, dense and MoE FFN, one path for prefill and decode;
 //                            the device layers' hand-off to an offload backend; the bert encoder,
 //                            embeddings and pooling (mean/cls/last/rank head)
 //  16. Memory planning       KV bytes per token, the --plan calculator
@@ -13964,58 +13965,133 @@ struct KVCache {
 // One code path for every batch size: activations are [n_tokens x width] row-major f32. Matrix
 // products convert the activations once to the weight's dot-product type (as the reference does, so
 // rounding matches), then split the weight rows over the threads.
+//
+// The units, each the one owner of its scratch (no buffer serves two roles):
+//   ops               row-wise steps free of context state: rms_norm, layer_norm, hadamard, add_bias,
+//                     gather/scatter, embedding_row, gelu/silu, attention_end
+//   MatMuls           batches of matrix products over the thread pool (the converted activations)
+//   Attention         one layer's GQA or MLA over the KV cache: projections, RoPE, store_kv, attend
+//                     (scores and weighted sums on the cache rows); the keys' re-rotation of seq_move
+//   Ffn               one layer's feed-forward block: dense gated, MoE (routing, grouped experts,
+//                     shared experts), the encoder's ungated GELU
+//   EmbeddingsOutput  embeddings mode's results: per output entry, pooled per sequence (mean, cls,
+//                     last, the rank head)
+//   Context::Impl     the drivers: decode (the forward pass, top to bottom), encode (bert), the
+//                     batch's checks, the device layers' hand-off (offload)
 
-// The rows of a model's output matrix whose logits a context computes: the first head_vocab, rounded
-// up to a repacked group (the whole matrix for 0 or for as many as it has). Repacked groups lie one
-// after another, so these rows are a prefix of the data in either layout.
-static TensorInfo output_head(const Model& m, int head_vocab) {
-    TensorInfo head = m.output ? *m.output : TensorInfo();
-    if (!m.output || head_vocab <= 0 || m.placement.output_on_device) return head;
-    head.ne[1] = std::min<int64_t>(head.ne[1], ((int64_t)head_vocab + kInterleaveRows - 1) / kInterleaveRows * kInterleaveRows);
-    head.nbytes = (size_t)head.ne[1] * row_bytes(head.type, head.ne[0]);
-    return head;
+// ---- Ops -----------------------------------------------------------------------------------
+// y = x / rms(x) * w for n rows of `dim` values spaced `stride` apart (sum of squares in double, as
+// the reference).
+void rms_norm(float* data, const TensorInfo* w, float eps, int n, int64_t dim, int64_t stride = 0) {
+    if (stride == 0) stride = dim;
+    const float* wt = (const float*)w->data;
+    for (int i = 0; i < n; i++) {
+        float* r = data + i * stride;
+        double sum = 0;
+        for (int64_t j = 0; j < dim; j++) sum += (double)r[j] * r[j];
+        const float scale = 1.0f / std::sqrt((float)(sum / dim) + eps);
+        for (int64_t j = 0; j < dim; j++) r[j] = r[j] * scale * wt[j];
+    }
+}
+void rms_norm_to(const float* in, const TensorInfo* w, float eps, int n, int64_t dim, float* out) {
+    std::copy(in, in + n * dim, out);
+    rms_norm(out, w, eps, n, dim);
 }
 
-struct Context::Impl {
-    const Model& model;
-    ContextParams params;
-    std::shared_ptr<ThreadPool> pool_shared;  // this context's workers, or the ones it shares
-    ThreadPool& pool;
-    KVCache kv;
-    std::vector<float> logits;  // n_logits x n_vocab
-    int n_logits = 0;
-    // Scratch, reused between calls.
-    std::vector<float> x, cur, q, k, v, attn, tmp, qa, gathered, gathered_out;
-    std::vector<float> ffn_gate, ffn_up, moe_out, router, shexp_out, rope_cs;
-    // Embeddings mode: the output entries' hidden states, each sequence's pooled vector (and whether the
-    // last batch made one), and the classification head's inputs and outputs (rank pooling).
-    Pooling pooling = Pooling::None;
-    int n_embd_out = 0, n_embd_rows = 0;
-    std::vector<float> embd, embd_pooled, rank_in, rank_hidden, rank_scores;
-    std::vector<uint8_t> pooled_ready;
-    std::vector<std::vector<uint8_t>> act;     // activations converted for matmuls
-    std::vector<ActInfo> infos;                 // and their per-block data for the tiles
-    std::vector<std::vector<float>> thread_scratch;
-    std::vector<std::vector<uint8_t>> thread_bytes;
-    std::unique_ptr<OffloadBackend> device;     // runs the layers the model placed on a device
-    const TensorInfo head = output_head(model, params.head_vocab);  // the output rows computed
+// In-place orthonormal Walsh-Hadamard transform of every block of n values (n a power of two):
+// the Sylvester matrix scaled by 1/sqrt(n), which is its own inverse.
+void hadamard(float* data, int64_t count, int n) {
+    const float scale = 1.0f / std::sqrt((float)n);
+    for (int64_t b = 0; b + n <= count; b += n) {
+        float* x = data + b;
+        for (int len = 1; len < n; len *= 2) {
+            for (int i = 0; i < n; i += 2 * len) {
+                for (int j = i; j < i + len; j++) {
+                    const float u = x[j], w = x[j + len];
+                    x[j] = u + w;
+                    x[j + len] = u - w;
+                }
+            }
+        }
+        for (int i = 0; i < n; i++) x[i] *= scale;
+    }
+}
 
-    Impl(const Model& m, const ContextParams& p, std::shared_ptr<ThreadPool> shared)
-        : model(m), params(p),
-          pool_shared(shared ? std::move(shared) : std::make_shared<ThreadPool>(std::max(p.n_threads, p.n_threads_batch), p.poll)),
-          pool(*pool_shared), thread_scratch(pool.size()), thread_bytes(pool.size()) {}
+// Adds the bias row b (when the model has one) to each of n rows.
+void add_bias(float* data, const TensorInfo* b, int n) {
+    if (!b) return;
+    const float* bv = (const float*)b->data;
+    for (int i = 0; i < n; i++) {
+        for (int64_t j = 0; j < b->ne[0]; j++) data[i * b->ne[0] + j] += bv[j];
+    }
+}
 
-    // One product out[n x rows(w)] = x[n x k] * w^T. Several are run together so that a decode step
-    // with many small products (heads, experts) pays one thread hand-off, not one per product.
-    struct MatMul {
-        const TensorInfo* w;
-        const float* x;
-        int n;
-        float* out;
-    };
+// Copies `width` values at `offset` of each of n rows spaced `stride` apart into a dense [n x width]
+// block, or back (scatter).
+void gather(const float* src, int n, int64_t stride, int64_t offset, int64_t width, float* dst) {
+    for (int i = 0; i < n; i++) std::copy(src + i * stride + offset, src + i * stride + offset + width, dst + i * width);
+}
+void scatter(const float* src, int n, int64_t stride, int64_t offset, int64_t width, float* dst) {
+    for (int i = 0; i < n; i++) std::copy(src + i * width, src + (i + 1) * width, dst + i * stride + offset);
+}
 
-    void matmul(std::initializer_list<MatMul> jobs) { matmul(std::vector<MatMul>(jobs)); }
-    void matmul(const std::vector<MatMul>& jobs) {
+// The end of the positions entry i attends to (the batch's mask, or causal).
+int attention_end(const Batch& batch, int i) { return batch.attn_end.empty() ? batch.pos[i] + 1 : batch.attn_end[i]; }
+
+// The activations: GELU as ggml computes it (FFNs of gemma3 and bert), SiLU (the others).
+float gelu(float x) {
+    // ggml evaluates GELU (tanh form) through an f16 table: round the input and the output to f16.
+    if (x <= -10.0f) return 0.0f;
+    if (x >= 10.0f) return x;
+    const float xh = fp16_to_fp32(fp32_to_fp16(x));
+    const float y = 0.5f * xh * (1.0f + std::tanh(0.79788456080286535588f * xh * (1.0f + 0.044715f * xh * xh)));
+    return fp16_to_fp32(fp32_to_fp16(y));
+}
+float silu(float x) { return x / (1.0f + std::exp(-x)); }
+
+// Row `row` of an embedding table as f32 (a token embedding tied to the output may have been repacked).
+void embedding_row(const TensorInfo* t, int64_t row, float* out) {
+    const int64_t E = t->ne[0];
+    if (t->interleaved)
+        dequantize_interleaved_row(t->type, t->data, E, row, out);
+    else
+        dequantize_row(t->type, t->data + row_bytes(t->type, E) * row, out, E);
+}
+
+// LayerNorm of n rows of dim values: (x - mean) / sqrt(var + eps) * w + b, sums in double as the reference.
+void layer_norm(float* data, const TensorInfo* w, const TensorInfo* b, float eps, int n, int64_t dim) {
+    const float* wt = (const float*)w->data;
+    const float* bt = (const float*)b->data;
+    for (int i = 0; i < n; i++) {
+        float* r = data + i * dim;
+        double sum = 0, sq = 0;
+        for (int64_t j = 0; j < dim; j++) sum += r[j];
+        const float mean = (float)(sum / dim);
+        for (int64_t j = 0; j < dim; j++) {
+            r[j] -= mean;
+            sq += (double)r[j] * r[j];
+        }
+        const float scale = 1.0f / std::sqrt((float)(sq / dim) + eps);
+        for (int64_t j = 0; j < dim; j++) r[j] = r[j] * scale * wt[j] + bt[j];
+    }
+}
+
+// ---- Matrix products -----------------------------------------------------------------------
+// One product out[n x rows(w)] = x[n x k] * w^T. Several are run together so that a decode step
+// with many small products (heads, experts) pays one thread hand-off, not one per product.
+struct MatMul {
+    const TensorInfo* w;
+    const float* x;
+    int n;
+    float* out;
+};
+
+// Runs MatMul batches over a thread pool; owns the activations converted for them.
+class MatMuls {
+public:
+    explicit MatMuls(ThreadPool& pool) : pool(pool) {}
+    void operator()(std::initializer_list<MatMul> jobs) { (*this)(std::vector<MatMul>(jobs)); }
+    void operator()(const std::vector<MatMul>& jobs) {
         // Convert each distinct input once to the dot-product type of its weight.
         struct Conv { const float* x; Type t; int n; int64_t k; size_t row; };
         std::vector<Conv> convs;
@@ -14078,22 +14154,39 @@ struct Context::Impl {
         });
     }
 
-    // y = x / rms(x) * w for n rows of `dim` values spaced `stride` apart (sum of squares in double, as
-    // the reference).
-    static void rms_norm(float* data, const TensorInfo* w, float eps, int n, int64_t dim, int64_t stride = 0) {
-        if (stride == 0) stride = dim;
-        const float* wt = (const float*)w->data;
-        for (int i = 0; i < n; i++) {
-            float* r = data + i * stride;
-            double sum = 0;
-            for (int64_t j = 0; j < dim; j++) sum += (double)r[j] * r[j];
-            const float scale = 1.0f / std::sqrt((float)(sum / dim) + eps);
-            for (int64_t j = 0; j < dim; j++) r[j] = r[j] * scale * wt[j];
-        }
-    }
-    static void rms_norm_to(const float* in, const TensorInfo* w, float eps, int n, int64_t dim, float* out) {
-        std::copy(in, in + n * dim, out);
-        rms_norm(out, w, eps, n, dim);
+private:
+    ThreadPool& pool;
+    std::vector<std::vector<uint8_t>> act;  // activations converted for matmuls
+    std::vector<ActInfo> infos;              // and their per-block data for the tiles
+};
+
+// ---- Attention: GQA and MLA over the KV cache ----------------------------------------------
+// One layer's self-attention for a batch: the projections, RoPE, the new rows stored in the cache, scores
+// and weighted sums straight on the cache rows, the output projection. Owns its scratch.
+struct Attention {
+    const Model& model;
+    KVCache& kv;
+    ThreadPool& pool;
+    MatMuls& matmul;
+    std::vector<float> q, k, v;  // a batch's queries (n x n_head x head_dim_k) and keys and values as cached
+    std::vector<float> attn;     // the heads' outputs before wo (n x n_head x head_dim_v)
+    std::vector<float> rope_cs;  // cos/sin pairs at one position
+    std::vector<std::vector<float>> thread_scores;    // each thread's scores and dequantized rows
+    std::vector<std::vector<uint8_t>> thread_queries;  // each thread's queries in the cache's dot-product type
+    // MLA: the projected query and [latent | rope] row, the query's low-rank step, the per-head
+    // products' inputs and outputs (k_b, v_b), and the v_b heads side by side (wo's input).
+    std::vector<float> q_proj, kv_a, q_lora, heads_in, heads_out, v_heads;
+
+    Attention(const Model& m, KVCache& cache, ThreadPool& threads, MatMuls& matmuls)
+        : model(m), kv(cache), pool(threads), matmul(matmuls), thread_scores(threads.size()), thread_queries(threads.size()) {}
+
+    // The queries', keys' and values' scratch for a batch of n tokens.
+    void size_for(int n) {
+        const HParams& hp = model.hp;
+        q.resize((size_t)n * hp.n_head * hp.head_dim_k);
+        attn.resize((size_t)n * hp.n_head * hp.head_dim_v);
+        k.resize((size_t)n * kv.dim_k);
+        v.resize((size_t)n * kv.dim_v);
     }
 
     // The model's RoPE angles at one position (rope_angles, with its frequency factors).
@@ -14104,13 +14197,13 @@ struct Context::Impl {
     // Rotates n_rot dims starting at `offset` of each head; head h of token i starts at
     // data + (i * n_heads + h) * head_stride.
     void rope(float* data, int n, int n_heads, int64_t head_stride, int offset, const int32_t* pos, float base) {
-        std::vector<float>& cs = rope_cs;
-        cs.resize(model.hp.n_rot);
+        rope_cs.resize(model.hp.n_rot);
         for (int i = 0; i < n; i++) {
-            rope_angles(pos[i], base, cs.data());
-            for (int h = 0; h < n_heads; h++) rotate_pairs(data + ((int64_t)i * n_heads + h) * head_stride + offset, cs.data());
+            rope_angles(pos[i], base, rope_cs.data());
+            for (int h = 0; h < n_heads; h++) rotate_pairs(data + ((int64_t)i * n_heads + h) * head_stride + offset, rope_cs.data());
         }
     }
+
     // One head's n_rot dims rotated by the cos/sin pairs cs (the model's pairing: adjacent or halves).
     void rotate_pairs(float* r, const float* cs) const {
         const int n_rot = model.hp.n_rot;
@@ -14155,49 +14248,10 @@ struct Context::Impl {
         }
     }
 
-    // In-place orthonormal Walsh-Hadamard transform of every block of n values (n a power of two):
-    // the Sylvester matrix scaled by 1/sqrt(n), which is its own inverse.
-    static void hadamard(float* data, int64_t count, int n) {
-        const float scale = 1.0f / std::sqrt((float)n);
-        for (int64_t b = 0; b + n <= count; b += n) {
-            float* x = data + b;
-            for (int len = 1; len < n; len *= 2) {
-                for (int i = 0; i < n; i += 2 * len) {
-                    for (int j = i; j < i + len; j++) {
-                        const float u = x[j], w = x[j + len];
-                        x[j] = u + w;
-                        x[j + len] = u - w;
-                    }
-                }
-            }
-            for (int i = 0; i < n; i++) x[i] *= scale;
-        }
-    }
-
-    static void add_bias(float* data, const TensorInfo* b, int n) {
-        if (!b) return;
-        const float* bv = (const float*)b->data;
-        for (int i = 0; i < n; i++) {
-            for (int64_t j = 0; j < b->ne[0]; j++) data[i * b->ne[0] + j] += bv[j];
-        }
-    }
-
-    // Copies `width` values at `offset` of each of n rows spaced `stride` apart into a dense [n x width]
-    // block, or back (scatter).
-    static void gather(const float* src, int n, int64_t stride, int64_t offset, int64_t width, float* dst) {
-        for (int i = 0; i < n; i++) std::copy(src + i * stride + offset, src + i * stride + offset + width, dst + i * width);
-    }
-    static void scatter(const float* src, int n, int64_t stride, int64_t offset, int64_t width, float* dst) {
-        for (int i = 0; i < n; i++) std::copy(src + i * width, src + (i + 1) * width, dst + i * stride + offset);
-    }
-
-    // The end of the positions entry i attends to (the batch's mask, or causal).
-    static int attention_end(const Batch& batch, int i) { return batch.attn_end.empty() ? batch.pos[i] + 1 : batch.attn_end[i]; }
-
     // Attention of every batch token over its own sequence's cached positions [lo, end). q holds
     // n x n_head x head_dim_k, the result goes to attn as n x n_head x head_dim_v. In latent (MLA)
     // caches there is no V: the first head_dim_v values of each K row serve as V.
-    void attention(int il, const Batch& batch, int n) {
+    void attend(int il, const Batch& batch, int n) {
         const HParams& hp = model.hp;
         const int hd_k = hp.head_dim_k, hd_v = hp.head_dim_v, group = hp.n_head / hp.n_head_kv;
         const bool swa = hp.swa_layer[il];
@@ -14242,11 +14296,11 @@ struct Context::Impl {
             const int per_slice = (group + slices - 1) / slices;
             const int64_t n_work = (int64_t)idx.size() * hp.n_head_kv * slices;
             pool.parallel_for(n_work, 1, [&](int64_t b, int64_t e, int thread) {
-                std::vector<float>& sc = thread_scratch[thread];
+                std::vector<float>& sc = thread_scores[thread];
                 const size_t need = (size_t)per_slice * n_kv + hd_v + 2 * (size_t)(per_slice + 1) * hd_k;
                 if (sc.size() < need) sc.resize(need);
                 float* deq = sc.data() + (size_t)per_slice * n_kv;
-                std::vector<uint8_t>& qc = thread_bytes[thread];
+                std::vector<uint8_t>& qc = thread_queries[thread];
                 qc.resize(q_row * per_slice);
                 for (int64_t w_ = b; w_ < e; w_++) {
                     // Late tokens see the most positions: hand them out first so the threads finish together.
@@ -14286,11 +14340,11 @@ struct Context::Impl {
         }
     }
 
-    // Grouped-query attention (llama, qwen2/3, gemma3): cur -> tmp (n x n_embd).
-    void attention_gqa(int il, const Batch& batch, int n) {
+    // Grouped-query attention (llama, qwen2/3, gemma3, bert): in -> out (n x n_embd).
+    void gqa(int il, const Batch& batch, const float* in, int n, float* out) {
         const HParams& hp = model.hp;
         const LayerWeights& L = model.layers[il];
-        matmul({{L.wq, cur.data(), n, q.data()}, {L.wk, cur.data(), n, k.data()}, {L.wv, cur.data(), n, v.data()}});
+        matmul({{L.wq, in, n, q.data()}, {L.wk, in, n, k.data()}, {L.wv, in, n, v.data()}});
         add_bias(q.data(), L.bq, n);
         add_bias(k.data(), L.bk, n);
         add_bias(v.data(), L.bv, n);
@@ -14309,78 +14363,84 @@ struct Context::Impl {
         }
         if (kv.rot_v) hadamard(v.data(), (int64_t)n * kv.dim_v, kv.rot_v);
         store_kv(il, batch, n, k.data(), v.data());
-        attention(il, batch, n);
+        attend(il, batch, n);
         if (kv.rot_v) hadamard(attn.data(), (int64_t)n * hp.n_head * hp.head_dim_v, kv.rot_v);
-        matmul({{L.wo, attn.data(), n, tmp.data()}});
+        matmul({{L.wo, attn.data(), n, out}});
     }
 
     // Multi-head latent attention in absorbed form (deepseek2). The cache row of a token is its roped
     // key part (n_rot) followed by its normalized latent (kv_lora_rank), the order the reference
     // uses (so f16 dot products sum in the same order); the query is folded into latent space per
     // head (q_nope * k_b), attention runs there, and v_b maps the result back.
-    void attention_mla(int il, const Batch& batch, int n) {
+    void mla(int il, const Batch& batch, const float* in, int n, float* out) {
         const HParams& hp = model.hp;
         const LayerWeights& L = model.layers[il];
-        const int H = hp.n_head, R = hp.kv_lora_rank, nope = hp.qk_nope, rot = hp.n_rot, vd = hp.v_head_dim;
-        const int64_t qh = nope + rot, row = R + rot;
-        std::vector<float>& qp = ffn_gate;  // projected query, n x H x qh (scratch reuse)
-        qp.resize((size_t)n * H * qh);
-        std::vector<float>& kv_a = ffn_up;  // [latent | rope] as projected, n x row
+        const int n_head = hp.n_head, rank = hp.kv_lora_rank, nope = hp.qk_nope, rot = hp.n_rot, vd = hp.v_head_dim;
+        const int64_t qh = nope + rot, row = rank + rot;
+        q_proj.resize((size_t)n * n_head * qh);
         kv_a.resize((size_t)n * row);
         if (L.wq_a) {
-            qa.resize((size_t)n * hp.q_lora_rank);
-            matmul({{L.wq_a, cur.data(), n, qa.data()}, {L.wkv_a, cur.data(), n, kv_a.data()}});
-            rms_norm(qa.data(), L.q_a_norm, hp.norm_eps, n, hp.q_lora_rank);
-            matmul({{L.wq_b, qa.data(), n, qp.data()}});
+            q_lora.resize((size_t)n * hp.q_lora_rank);
+            matmul({{L.wq_a, in, n, q_lora.data()}, {L.wkv_a, in, n, kv_a.data()}});
+            rms_norm(q_lora.data(), L.q_a_norm, hp.norm_eps, n, hp.q_lora_rank);
+            matmul({{L.wq_b, q_lora.data(), n, q_proj.data()}});
         } else {
-            matmul({{L.wq, cur.data(), n, qp.data()}, {L.wkv_a, cur.data(), n, kv_a.data()}});
+            matmul({{L.wq, in, n, q_proj.data()}, {L.wkv_a, in, n, kv_a.data()}});
         }
-        rope(qp.data(), n, H, qh, nope, batch.pos.data(), hp.rope_base);
-        rope(kv_a.data(), n, 1, row, R, batch.pos.data(), hp.rope_base);
-        rms_norm(kv_a.data(), L.kv_a_norm, hp.norm_eps, n, R, row);
+        rope(q_proj.data(), n, n_head, qh, nope, batch.pos.data(), hp.rope_base);
+        rope(kv_a.data(), n, 1, row, rank, batch.pos.data(), hp.rope_base);
+        rms_norm(kv_a.data(), L.kv_a_norm, hp.norm_eps, n, rank, row);
         for (int i = 0; i < n; i++) {
-            std::copy(kv_a.data() + i * row + R, kv_a.data() + (i + 1) * row, k.data() + i * row);
-            std::copy(kv_a.data() + i * row, kv_a.data() + i * row + R, k.data() + i * row + rot);
+            std::copy(kv_a.data() + i * row + rank, kv_a.data() + (i + 1) * row, k.data() + i * row);
+            std::copy(kv_a.data() + i * row, kv_a.data() + i * row + rank, k.data() + i * row + rot);
         }
         store_kv(il, batch, n, k.data(), nullptr);
 
-        // q (n x H x (rot + R)) = [q_rope, q_nope * k_b_h] per head.
-        gathered.resize((size_t)n * H * std::max<int64_t>(nope, R));
-        gathered_out.resize((size_t)n * H * R);
+        // q (n x n_head x (rot + rank)) = [q_rope, q_nope * k_b_h] per head.
+        heads_in.resize((size_t)n * n_head * std::max<int64_t>(nope, rank));
+        heads_out.resize((size_t)n * n_head * rank);
         std::vector<MatMul> jobs;
-        for (int h = 0; h < H; h++) {
-            gather(qp.data(), n, H * qh, h * qh, nope, gathered.data() + (size_t)h * n * nope);
-            jobs.push_back({&L.k_b[h], gathered.data() + (size_t)h * n * nope, n, gathered_out.data() + (size_t)h * n * R});
+        for (int h = 0; h < n_head; h++) {
+            gather(q_proj.data(), n, n_head * qh, h * qh, nope, heads_in.data() + (size_t)h * n * nope);
+            jobs.push_back({&L.k_b[h], heads_in.data() + (size_t)h * n * nope, n, heads_out.data() + (size_t)h * n * rank});
         }
         matmul(jobs);
-        for (int h = 0; h < H; h++) {
-            scatter(gathered_out.data() + (size_t)h * n * R, n, H * row, h * row + rot, R, q.data());
+        for (int h = 0; h < n_head; h++) {
+            scatter(heads_out.data() + (size_t)h * n * rank, n, n_head * row, h * row + rot, rank, q.data());
             for (int i = 0; i < n; i++) {
-                std::copy(qp.data() + (i * H + h) * qh + nope, qp.data() + (i * H + h) * qh + qh, q.data() + (i * H + h) * row);
+                std::copy(q_proj.data() + (i * n_head + h) * qh + nope, q_proj.data() + (i * n_head + h) * qh + qh, q.data() + (i * n_head + h) * row);
             }
         }
-        attention(il, batch, n);
-        // attn (n x H x R) -> per head v_b -> (n x H x vd) -> wo.
+        attend(il, batch, n);
+        // attn (n x n_head x rank) -> per head v_b -> (n x n_head x vd) -> wo.
         jobs.clear();
-        for (int h = 0; h < H; h++) {
-            gather(attn.data(), n, (int64_t)H * R, (int64_t)h * R, R, gathered.data() + (size_t)h * n * R);
-            jobs.push_back({&L.v_b[h], gathered.data() + (size_t)h * n * R, n, gathered_out.data() + (size_t)h * n * vd});
+        for (int h = 0; h < n_head; h++) {
+            gather(attn.data(), n, (int64_t)n_head * rank, (int64_t)h * rank, rank, heads_in.data() + (size_t)h * n * rank);
+            jobs.push_back({&L.v_b[h], heads_in.data() + (size_t)h * n * rank, n, heads_out.data() + (size_t)h * n * vd});
         }
         matmul(jobs);
-        for (int h = 0; h < H; h++) scatter(gathered_out.data() + (size_t)h * n * vd, n, (int64_t)H * vd, (int64_t)h * vd, vd, qa.data());
-        matmul({{L.wo, qa.data(), n, tmp.data()}});
+        v_heads.resize((size_t)n * n_head * vd);
+        for (int h = 0; h < n_head; h++) scatter(heads_out.data() + (size_t)h * n * vd, n, (int64_t)n_head * vd, (int64_t)h * vd, vd, v_heads.data());
+        matmul({{L.wo, v_heads.data(), n, out}});
     }
+};
 
-    static float gelu(float x) {
-        // ggml evaluates GELU (tanh form) through an f16 table: round the input and the output to f16.
-        if (x <= -10.0f) return 0.0f;
-        if (x >= 10.0f) return x;
-        const float xh = fp16_to_fp32(fp32_to_fp16(x));
-        const float y = 0.5f * xh * (1.0f + std::tanh(0.79788456080286535588f * xh * (1.0f + 0.044715f * xh * xh)));
-        return fp16_to_fp32(fp32_to_fp16(y));
-    }
-    static float silu(float x) { return x / (1.0f + std::exp(-x)); }
+// ---- FFN: dense, mixture of experts, the encoder's -----------------------------------------
+// One layer's feed-forward block for a batch, n rows in, n rows out. Owns its scratch.
+struct Ffn {
+    const Model& model;
+    ThreadPool& pool;
+    MatMuls& matmul;
+    bool moe_grouped;  // ContextParams::moe_grouped
+    // The gate and up projections (experts: their tokens' rows, in expert order), the router's logits
+    // (n x n_expert), each expert's tokens gathered and its outputs (in expert order), and the shared
+    // experts' output (n x n_embd).
+    std::vector<float> gate_out, up_out, router, routed_in, routed_out, shared_out;
 
+    Ffn(const Model& m, ThreadPool& threads, MatMuls& matmuls, bool grouped)
+        : model(m), pool(threads), matmul(matmuls), moe_grouped(grouped) {}
+
+    // gate = act(gate) * up, element by element (GELU for gemma3, SiLU for the others).
     void gated_activation(float* gate, const float* up, int64_t count) {
         const bool use_gelu = model.hp.arch == Arch::Gemma3;
         pool.parallel_for(count, 16384, [&](int64_t b, int64_t e, int) {
@@ -14389,81 +14449,211 @@ struct Context::Impl {
     }
 
     // Dense gated FFN: out = down(act(gate(x)) * up(x)).
-    void ffn_dense(const TensorInfo* gate, const TensorInfo* up, const TensorInfo* down, const float* xin, int n, float* out) {
-        const int64_t F = gate->ne[1];
-        ffn_gate.resize((size_t)n * F);
-        ffn_up.resize((size_t)n * F);
-        matmul({{gate, xin, n, ffn_gate.data()}, {up, xin, n, ffn_up.data()}});
-        gated_activation(ffn_gate.data(), ffn_up.data(), n * F);
-        matmul({{down, ffn_gate.data(), n, out}});
+    void dense(const TensorInfo* gate, const TensorInfo* up, const TensorInfo* down, const float* xin, int n, float* out) {
+        const int64_t n_ff = gate->ne[1];
+        gate_out.resize((size_t)n * n_ff);
+        up_out.resize((size_t)n * n_ff);
+        matmul({{gate, xin, n, gate_out.data()}, {up, xin, n, up_out.data()}});
+        gated_activation(gate_out.data(), up_out.data(), n * n_ff);
+        matmul({{down, gate_out.data(), n, out}});
     }
 
     // Mixture of experts, grouped by expert: every token is routed first, then each chosen expert runs
     // once over all the tokens that chose it, so its weights are read once per batch.
-    void ffn_moe(const LayerWeights& L, const float* xin, int n, float* out) {
-        const int64_t E = model.hp.n_embd;
-        if (params.moe_grouped || n == 1) {
+    void moe(const LayerWeights& L, const float* xin, int n, float* out) {
+        const int64_t n_embd = model.hp.n_embd;
+        if (moe_grouped || n == 1) {
             moe_routed(L, xin, n, out);
         } else {
             // Token by token (the baseline that --moe-per-token measures): each token's experts run
             // on their own, so every expert is read once per token that chose it.
-            for (int i = 0; i < n; i++) moe_routed(L, xin + i * E, 1, out + i * E);
+            for (int i = 0; i < n; i++) moe_routed(L, xin + i * n_embd, 1, out + i * n_embd);
         }
         if (L.gate_shexp) {
-            shexp_out.resize((size_t)n * E);
-            ffn_dense(L.gate_shexp, L.up_shexp, L.down_shexp, xin, n, shexp_out.data());
-            for (int64_t j = 0; j < n * E; j++) out[j] += shexp_out[j];
+            shared_out.resize((size_t)n * n_embd);
+            dense(L.gate_shexp, L.up_shexp, L.down_shexp, xin, n, shared_out.data());
+            for (int64_t j = 0; j < n * n_embd; j++) out[j] += shared_out[j];
         }
     }
+
+    // The routed experts of n tokens: route every token, run each chosen expert once over its tokens,
+    // then sum each token's expert outputs by their weights.
     void moe_routed(const LayerWeights& L, const float* xin, int n, float* out) {
         const HParams& hp = model.hp;
-        const int X = hp.n_expert, K = hp.n_expert_used;
-        const int64_t E = hp.n_embd, FE = hp.n_ff_exp;
-        router.resize((size_t)n * X);
+        const int n_expert = hp.n_expert, n_used = hp.n_expert_used;
+        const int64_t n_embd = hp.n_embd, n_ff_exp = hp.n_ff_exp;
+        router.resize((size_t)n * n_expert);
         matmul({{L.gate_inp, xin, n, router.data()}});
-        std::vector<std::vector<std::pair<int, float>>> users(X);  // expert -> (token, weight)
-        std::vector<int32_t> chosen(K);
-        std::vector<float> weights(K);
+        std::vector<std::vector<std::pair<int, float>>> users(n_expert);  // expert -> (token, weight)
+        std::vector<int32_t> chosen(n_used);
+        std::vector<float> weights(n_used);
         const float* bias = L.exp_probs_b ? (const float*)L.exp_probs_b->data : nullptr;
         for (int i = 0; i < n; i++) {
-            moe_route(hp, router.data() + (size_t)i * X, bias, chosen.data(), weights.data());
-            for (int j = 0; j < K; j++) users[chosen[j]].emplace_back(i, weights[j]);
+            moe_route(hp, router.data() + (size_t)i * n_expert, bias, chosen.data(), weights.data());
+            for (int j = 0; j < n_used; j++) users[chosen[j]].emplace_back(i, weights[j]);
         }
-        // Row offsets of each expert's tokens in the gathered buffers.
-        std::vector<int> first(X + 1, 0);
-        for (int e = 0; e < X; e++) first[e + 1] = first[e] + (int)users[e].size();
-        const int total = first[X];
-        gathered.resize((size_t)total * E);
-        ffn_gate.resize((size_t)total * FE);
-        ffn_up.resize((size_t)total * FE);
-        moe_out.resize((size_t)total * E);
+        // Row offsets of each expert's tokens in routed_in and routed_out.
+        std::vector<int> first(n_expert + 1, 0);
+        for (int e = 0; e < n_expert; e++) first[e + 1] = first[e] + (int)users[e].size();
+        const int total = first[n_expert];
+        routed_in.resize((size_t)total * n_embd);
+        gate_out.resize((size_t)total * n_ff_exp);
+        up_out.resize((size_t)total * n_ff_exp);
+        routed_out.resize((size_t)total * n_embd);
         std::vector<MatMul> jobs;
-        for (int e = 0; e < X; e++) {
+        for (int e = 0; e < n_expert; e++) {
             if (users[e].empty()) continue;
             for (size_t u = 0; u < users[e].size(); u++) {
-                std::copy(xin + users[e][u].first * E, xin + (users[e][u].first + 1) * E, gathered.data() + (first[e] + u) * E);
+                std::copy(xin + users[e][u].first * n_embd, xin + (users[e][u].first + 1) * n_embd, routed_in.data() + (first[e] + u) * n_embd);
             }
             const int m = (int)users[e].size();
-            jobs.push_back({&L.gate_exp[e], gathered.data() + first[e] * E, m, ffn_gate.data() + first[e] * FE});
-            jobs.push_back({&L.up_exp[e], gathered.data() + first[e] * E, m, ffn_up.data() + first[e] * FE});
+            jobs.push_back({&L.gate_exp[e], routed_in.data() + first[e] * n_embd, m, gate_out.data() + first[e] * n_ff_exp});
+            jobs.push_back({&L.up_exp[e], routed_in.data() + first[e] * n_embd, m, up_out.data() + first[e] * n_ff_exp});
         }
         matmul(jobs);
-        gated_activation(ffn_gate.data(), ffn_up.data(), (int64_t)total * FE);
+        gated_activation(gate_out.data(), up_out.data(), (int64_t)total * n_ff_exp);
         jobs.clear();
-        for (int e = 0; e < X; e++) {
-            if (!users[e].empty()) jobs.push_back({&L.down_exp[e], ffn_gate.data() + first[e] * FE, (int)users[e].size(), moe_out.data() + first[e] * E});
+        for (int e = 0; e < n_expert; e++) {
+            if (!users[e].empty()) jobs.push_back({&L.down_exp[e], gate_out.data() + first[e] * n_ff_exp, (int)users[e].size(), routed_out.data() + first[e] * n_embd});
         }
         matmul(jobs);
-        std::fill(out, out + n * E, 0.0f);
-        for (int e = 0; e < X; e++) {
+        std::fill(out, out + n * n_embd, 0.0f);
+        for (int e = 0; e < n_expert; e++) {
             for (size_t u = 0; u < users[e].size(); u++) {
                 const float w = users[e][u].second;
-                const float* src = moe_out.data() + (first[e] + u) * E;
-                float* dst = out + users[e][u].first * E;
-                for (int64_t j = 0; j < E; j++) dst[j] += w * src[j];
+                const float* src = routed_out.data() + (first[e] + u) * n_embd;
+                float* dst = out + users[e][u].first * n_embd;
+                for (int64_t j = 0; j < n_embd; j++) dst[j] += w * src[j];
             }
         }
     }
+
+    // The encoder's FFN (bert): out = down(gelu(up(x) + up_b)) + down_b.
+    void ungated(const LayerWeights& L, const float* xin, int n, float* out) {
+        const int64_t n_ff = model.hp.n_ff;
+        up_out.resize((size_t)n * n_ff);
+        matmul({{L.ffn_up, xin, n, up_out.data()}});
+        add_bias(up_out.data(), L.ffn_up_b, n);
+        pool.parallel_for(n * n_ff, 16384, [&](int64_t b, int64_t e, int) {
+            for (int64_t j = b; j < e; j++) up_out[j] = gelu(up_out[j]);
+        });
+        matmul({{L.ffn_down, up_out.data(), n, out}});
+        add_bias(out, L.ffn_down_b, n);
+    }
+};
+
+// ---- Embeddings output: per entry, pooled per sequence, the rank head ----------------------
+// What an embeddings context returns after a batch: the output entries' hidden states and each
+// sequence's pooled vector (and whether the last batch made one); the classification head's inputs
+// and outputs (rank pooling) are its scratch.
+struct EmbeddingsOutput {
+    const Model& model;
+    MatMuls& matmul;
+    Pooling pooling = Pooling::None;
+    int n_seq = 0, n_embd_out = 0, n_embd_rows = 0;
+    std::vector<float> embd, embd_pooled, rank_in, rank_hidden, rank_scores;
+    std::vector<uint8_t> pooled_ready;
+
+    EmbeddingsOutput(const Model& m, MatMuls& matmuls) : model(m), matmul(matmuls) {}
+
+    // Embeddings mode: keeps the output entries' hidden states and pools each sequence of the batch
+    // (mean of its tokens, its first or its last; rank: the classification head on its first token).
+    void store(const Batch& batch, const float* hidden) {
+        const int n = (int)batch.size();
+        const int64_t n_embd = model.hp.n_embd;
+        n_embd_rows = 0;
+        embd.resize((size_t)n * n_embd);
+        for (int i = 0; i < n; i++)
+            if (batch.want_logits[i]) std::copy(hidden + i * n_embd, hidden + (i + 1) * n_embd, embd.data() + (size_t)n_embd_rows++ * n_embd);
+        std::fill(pooled_ready.begin(), pooled_ready.end(), 0);
+        if (pooling == Pooling::None) return;
+        std::vector<int> first(n_seq, -1), last(n_seq, -1), count(n_seq, 0);
+        for (int i = 0; i < n; i++) {
+            const int s = batch.seq[i];
+            if (first[s] < 0) first[s] = i;
+            last[s] = i;
+            count[s]++;
+        }
+        std::vector<int> ranked;  // sequences whose first token goes through the classifier
+        for (int s = 0; s < n_seq; s++) {
+            if (first[s] < 0) continue;
+            pooled_ready[s] = 1;
+            float* out = embd_pooled.data() + (size_t)s * n_embd_out;
+            if (pooling == Pooling::Mean) {
+                std::vector<double> sum(n_embd, 0.0);
+                for (int i = 0; i < n; i++)
+                    if (batch.seq[i] == s) for (int64_t j = 0; j < n_embd; j++) sum[j] += hidden[i * n_embd + j];
+                for (int64_t j = 0; j < n_embd; j++) out[j] = (float)(sum[j] / count[s]);
+            } else if (pooling == Pooling::Rank) {
+                ranked.push_back(s);
+            } else {
+                const int i = pooling == Pooling::Cls ? first[s] : last[s];
+                std::copy(hidden + i * n_embd, hidden + (i + 1) * n_embd, out);
+            }
+        }
+        if (!ranked.empty()) rank_head(ranked, first, hidden);
+    }
+
+    // The classification head of rerankers: cls (dense + bias, tanh), then cls_out (scores + bias).
+    void rank_head(const std::vector<int>& seqs, const std::vector<int>& first, const float* hidden) {
+        const Model& m = model;
+        const int64_t n_embd = m.hp.n_embd;
+        const int r = (int)seqs.size();
+        rank_in.resize((size_t)r * n_embd);
+        for (int j = 0; j < r; j++) std::copy(hidden + first[seqs[j]] * n_embd, hidden + (first[seqs[j]] + 1) * n_embd, rank_in.data() + j * n_embd);
+        const float* in = rank_in.data();
+        if (m.cls) {
+            rank_hidden.resize((size_t)r * m.cls->ne[1]);
+            matmul({{m.cls, in, r, rank_hidden.data()}});
+            add_bias(rank_hidden.data(), m.cls_b, r);
+            for (float& h : rank_hidden) h = std::tanh(h);
+            in = rank_hidden.data();
+        }
+        if (m.cls_out) {
+            rank_scores.resize((size_t)r * n_embd_out);
+            matmul({{m.cls_out, in, r, rank_scores.data()}});
+            add_bias(rank_scores.data(), m.cls_out_b, r);
+            in = rank_scores.data();
+        }
+        for (int j = 0; j < r; j++) std::copy(in + j * n_embd_out, in + (j + 1) * n_embd_out, embd_pooled.data() + (size_t)seqs[j] * n_embd_out);
+    }
+};
+
+// ---- The drivers: decode, encode, offload --------------------------------------------------
+// The rows of a model's output matrix whose logits a context computes: the first head_vocab, rounded
+// up to a repacked group (the whole matrix for 0 or for as many as it has). Repacked groups lie one
+// after another, so these rows are a prefix of the data in either layout.
+static TensorInfo output_head(const Model& m, int head_vocab) {
+    TensorInfo head = m.output ? *m.output : TensorInfo();
+    if (!m.output || head_vocab <= 0 || m.placement.output_on_device) return head;
+    head.ne[1] = std::min<int64_t>(head.ne[1], ((int64_t)head_vocab + kInterleaveRows - 1) / kInterleaveRows * kInterleaveRows);
+    head.nbytes = (size_t)head.ne[1] * row_bytes(head.type, head.ne[0]);
+    return head;
+}
+
+struct Context::Impl {
+    const Model& model;
+    ContextParams params;
+    std::shared_ptr<ThreadPool> pool_shared;  // this context's workers, or the ones it shares
+    ThreadPool& pool;
+    MatMuls matmul{pool};  // every matrix product of the pass
+    KVCache kv;
+    Attention attention{model, kv, pool, matmul};
+    Ffn ffn{model, pool, matmul, params.moe_grouped};
+    std::vector<float> logits;  // n_logits x n_vocab
+    int n_logits = 0;
+    // Scratch of a batch, n x n_embd: the residual stream, its normed copy (a block's input, the output
+    // head's), a block's output (attention's or the FFN's); and one embedding row (the encoder's
+    // position and token type rows).
+    std::vector<float> x, cur, sublayer_out, embd_row;
+    EmbeddingsOutput embeddings{model, matmul};  // embeddings mode's results
+    std::unique_ptr<OffloadBackend> device;     // runs the layers the model placed on a device
+    const TensorInfo head = output_head(model, params.head_vocab);  // the output rows computed
+
+    Impl(const Model& m, const ContextParams& p, std::shared_ptr<ThreadPool> shared)
+        : model(m), params(p),
+          pool_shared(shared ? std::move(shared) : std::make_shared<ThreadPool>(std::max(p.n_threads, p.n_threads_batch), p.poll)),
+          pool(*pool_shared) {}
 
     // Checks the batch and reserves the cache pages it needs, all or nothing.
     void validate(const Batch& batch) {
@@ -14503,38 +14693,8 @@ struct Context::Impl {
         const HParams& hp = model.hp;
         x.resize((size_t)n * hp.n_embd);
         cur.resize((size_t)n * hp.n_embd);
-        tmp.resize((size_t)n * hp.n_embd);
-        q.resize((size_t)n * hp.n_head * hp.head_dim_k);
-        attn.resize((size_t)n * hp.n_head * hp.head_dim_v);
-        k.resize((size_t)n * kv.dim_k);
-        v.resize((size_t)n * kv.dim_v);
-    }
-
-    // Row `row` of an embedding table as f32 (a token embedding tied to the output may have been repacked).
-    static void embedding_row(const TensorInfo* t, int64_t row, float* out) {
-        const int64_t E = t->ne[0];
-        if (t->interleaved)
-            dequantize_interleaved_row(t->type, t->data, E, row, out);
-        else
-            dequantize_row(t->type, t->data + row_bytes(t->type, E) * row, out, E);
-    }
-
-    // LayerNorm of n rows of dim values: (x - mean) / sqrt(var + eps) * w + b, sums in double as the reference.
-    static void layer_norm(float* data, const TensorInfo* w, const TensorInfo* b, float eps, int n, int64_t dim) {
-        const float* wt = (const float*)w->data;
-        const float* bt = (const float*)b->data;
-        for (int i = 0; i < n; i++) {
-            float* r = data + i * dim;
-            double sum = 0, sq = 0;
-            for (int64_t j = 0; j < dim; j++) sum += r[j];
-            const float mean = (float)(sum / dim);
-            for (int64_t j = 0; j < dim; j++) {
-                r[j] -= mean;
-                sq += (double)r[j] * r[j];
-            }
-            const float scale = 1.0f / std::sqrt((float)(sq / dim) + eps);
-            for (int64_t j = 0; j < dim; j++) r[j] = r[j] * scale * wt[j] + bt[j];
-        }
+        sublayer_out.resize((size_t)n * hp.n_embd);
+        attention.size_for(n);
     }
 
     // Encoder forward (bert): token + position + type-0 embeddings and their LayerNorm, then post-norm
@@ -14549,105 +14709,67 @@ struct Context::Impl {
         const Model& m = model;
         const HParams& hp = m.hp;
         const int n = (int)batch.size();
-        const int64_t E = hp.n_embd, F = hp.n_ff;
+        const int64_t n_embd = hp.n_embd;
         size_activations(n);
-        ffn_up.resize((size_t)n * F);
+        embd_row.resize(n_embd);
         for (int i = 0; i < n; i++) {
             if (batch.pos[i] >= m.pos_embd->ne[1]) fail("position %d is beyond the encoder's %lld positions", batch.pos[i], (long long)m.pos_embd->ne[1]);
-            float* row = x.data() + i * E;
+            float* row = x.data() + i * n_embd;
             embedding_row(m.tok_embd, batch.token[i], row);
-            embedding_row(m.pos_embd, batch.pos[i], tmp.data());
-            for (int64_t j = 0; j < E; j++) row[j] += tmp[j];
+            embedding_row(m.pos_embd, batch.pos[i], embd_row.data());
+            for (int64_t j = 0; j < n_embd; j++) row[j] += embd_row[j];
             if (m.tok_types) {  // every token is of type 0 (sentence A), as the reference feeds them
-                embedding_row(m.tok_types, 0, tmp.data());
-                for (int64_t j = 0; j < E; j++) row[j] += tmp[j];
+                embedding_row(m.tok_types, 0, embd_row.data());
+                for (int64_t j = 0; j < n_embd; j++) row[j] += embd_row[j];
             }
         }
-        layer_norm(x.data(), m.tok_norm, m.tok_norm_b, hp.norm_eps, n, E);
+        layer_norm(x.data(), m.tok_norm, m.tok_norm_b, hp.norm_eps, n, n_embd);
         for (int il = 0; il < hp.n_layer; il++) {
             const LayerWeights& L = m.layers[il];
-            std::copy(x.begin(), x.end(), cur.begin());
-            attention_gqa(il, batch, n);
-            add_bias(tmp.data(), L.bo, n);
-            for (int64_t j = 0; j < n * E; j++) x[j] += tmp[j];
-            layer_norm(x.data(), L.attn_out_norm, L.attn_out_norm_b, hp.norm_eps, n, E);
+            attention.gqa(il, batch, x.data(), n, sublayer_out.data());
+            add_bias(sublayer_out.data(), L.bo, n);
+            for (int64_t j = 0; j < n * n_embd; j++) x[j] += sublayer_out[j];
+            layer_norm(x.data(), L.attn_out_norm, L.attn_out_norm_b, hp.norm_eps, n, n_embd);
 
-            matmul({{L.ffn_up, x.data(), n, ffn_up.data()}});
-            add_bias(ffn_up.data(), L.ffn_up_b, n);
-            pool.parallel_for(n * F, 16384, [&](int64_t b, int64_t e, int) {
-                for (int64_t j = b; j < e; j++) ffn_up[j] = gelu(ffn_up[j]);
-            });
-            matmul({{L.ffn_down, ffn_up.data(), n, tmp.data()}});
-            add_bias(tmp.data(), L.ffn_down_b, n);
-            for (int64_t j = 0; j < n * E; j++) x[j] += tmp[j];
-            layer_norm(x.data(), L.out_norm, L.out_norm_b, hp.norm_eps, n, E);
+            ffn.ungated(L, x.data(), n, sublayer_out.data());
+            for (int64_t j = 0; j < n * n_embd; j++) x[j] += sublayer_out[j];
+            layer_norm(x.data(), L.out_norm, L.out_norm_b, hp.norm_eps, n, n_embd);
         }
         for (int i = 0; i < n; i++) kv.seq_len[batch.seq[i]] = batch.pos[i] + 1;
-        store_embeddings(batch, x.data());
+        embeddings.store(batch, x.data());
     }
 
-    // Embeddings mode: keeps the output entries' hidden states and pools each sequence of the batch
-    // (mean of its tokens, its first or its last; rank: the classification head on its first token).
-    void store_embeddings(const Batch& batch, const float* hidden) {
-        const int n = (int)batch.size();
-        const int64_t E = model.hp.n_embd;
-        n_embd_rows = 0;
-        embd.resize((size_t)n * E);
-        for (int i = 0; i < n; i++)
-            if (batch.want_logits[i]) std::copy(hidden + i * E, hidden + (i + 1) * E, embd.data() + (size_t)n_embd_rows++ * E);
-        std::fill(pooled_ready.begin(), pooled_ready.end(), 0);
-        if (pooling == Pooling::None) return;
-        std::vector<int> first(kv.n_seq, -1), last(kv.n_seq, -1), count(kv.n_seq, 0);
+    // The residual stream's start: each token's embedding row (gemma3: scaled).
+    void embed_tokens(const Batch& batch, int n) {
+        const HParams& hp = model.hp;
+        const int64_t n_embd = hp.n_embd;
         for (int i = 0; i < n; i++) {
-            const int s = batch.seq[i];
-            if (first[s] < 0) first[s] = i;
-            last[s] = i;
-            count[s]++;
+            embedding_row(model.tok_embd, batch.token[i], x.data() + i * n_embd);
+            if (hp.embd_scale != 1.0f) for (int64_t j = 0; j < n_embd; j++) x[i * n_embd + j] *= hp.embd_scale;
         }
-        std::vector<int> ranked;  // sequences whose first token goes through the classifier
-        for (int s = 0; s < kv.n_seq; s++) {
-            if (first[s] < 0) continue;
-            pooled_ready[s] = 1;
-            float* out = embd_pooled.data() + (size_t)s * n_embd_out;
-            if (pooling == Pooling::Mean) {
-                std::vector<double> sum(E, 0.0);
-                for (int i = 0; i < n; i++)
-                    if (batch.seq[i] == s) for (int64_t j = 0; j < E; j++) sum[j] += hidden[i * E + j];
-                for (int64_t j = 0; j < E; j++) out[j] = (float)(sum[j] / count[s]);
-            } else if (pooling == Pooling::Rank) {
-                ranked.push_back(s);
-            } else {
-                const int i = pooling == Pooling::Cls ? first[s] : last[s];
-                std::copy(hidden + i * E, hidden + (i + 1) * E, out);
-            }
-        }
-        if (!ranked.empty()) rank_head(ranked, first, hidden);
     }
 
-    // The classification head of rerankers: cls (dense + bias, tanh), then cls_out (scores + bias).
-    void rank_head(const std::vector<int>& seqs, const std::vector<int>& first, const float* hidden) {
-        const Model& m = model;
-        const int64_t E = m.hp.n_embd;
-        const int r = (int)seqs.size();
-        rank_in.resize((size_t)r * E);
-        for (int j = 0; j < r; j++) std::copy(hidden + first[seqs[j]] * E, hidden + (first[seqs[j]] + 1) * E, rank_in.data() + j * E);
-        const float* in = rank_in.data();
-        if (m.cls) {
-            rank_hidden.resize((size_t)r * m.cls->ne[1]);
-            matmul({{m.cls, in, r, rank_hidden.data()}});
-            add_bias(rank_hidden.data(), m.cls_b, r);
-            for (float& h : rank_hidden) h = std::tanh(h);
-            in = rank_hidden.data();
-        }
-        if (m.cls_out) {
-            rank_scores.resize((size_t)r * n_embd_out);
-            matmul({{m.cls_out, in, r, rank_scores.data()}});
-            add_bias(rank_scores.data(), m.cls_out_b, r);
-            in = rank_scores.data();
-        }
-        for (int j = 0; j < r; j++) std::copy(in + j * n_embd_out, in + (j + 1) * n_embd_out, embd_pooled.data() + (size_t)seqs[j] * n_embd_out);
+    // One decoder block, pre-norm: x += attention(norm(x)), then x += ffn(norm(x)) (gemma3 also norms
+    // each block's output).
+    void decoder_layer(int il, const Batch& batch, int n) {
+        const HParams& hp = model.hp;
+        const LayerWeights& L = model.layers[il];
+        const int64_t n_embd = hp.n_embd;
+        rms_norm_to(x.data(), L.attn_norm, hp.norm_eps, n, n_embd, cur.data());
+        if (hp.mla) attention.mla(il, batch, cur.data(), n, sublayer_out.data());
+        else attention.gqa(il, batch, cur.data(), n, sublayer_out.data());
+        if (L.post_attn_norm) rms_norm(sublayer_out.data(), L.post_attn_norm, hp.norm_eps, n, n_embd);
+        for (int64_t j = 0; j < n * n_embd; j++) x[j] += sublayer_out[j];
+
+        rms_norm_to(x.data(), L.ffn_norm, hp.norm_eps, n, n_embd, cur.data());
+        if (L.gate_inp) ffn.moe(L, cur.data(), n, sublayer_out.data());
+        else ffn.dense(L.ffn_gate, L.ffn_up, L.ffn_down, cur.data(), n, sublayer_out.data());
+        if (L.post_ffn_norm) rms_norm(sublayer_out.data(), L.post_ffn_norm, hp.norm_eps, n, n_embd);
+        for (int64_t j = 0; j < n * n_embd; j++) x[j] += sublayer_out[j];
     }
 
+    // The forward pass of a decoder: embeddings, the CPU's layers, the device's (offload), then the
+    // final norm and the output head on the rows that want logits (or the embeddings).
     void decode(const Batch& batch) {
         if (!model.hp.causal) return encode(batch);
         validate(batch);
@@ -14656,25 +14778,8 @@ struct Context::Impl {
         const int n = (int)batch.size();
         const int64_t E = hp.n_embd;
         size_activations(n);
-        if (hp.mla) qa.resize((size_t)n * std::max<int64_t>(hp.q_lora_rank, (int64_t)hp.n_head * hp.v_head_dim));
-
-        for (int i = 0; i < n; i++) {
-            embedding_row(m.tok_embd, batch.token[i], x.data() + i * E);
-            if (hp.embd_scale != 1.0f) for (int64_t j = 0; j < E; j++) x[i * E + j] *= hp.embd_scale;
-        }
-        for (int il = 0; il < std::min(hp.n_layer, m.placement.first_device_layer); il++) {
-            const LayerWeights& L = m.layers[il];
-            rms_norm_to(x.data(), L.attn_norm, hp.norm_eps, n, E, cur.data());
-            if (hp.mla) attention_mla(il, batch, n); else attention_gqa(il, batch, n);
-            if (L.post_attn_norm) rms_norm(tmp.data(), L.post_attn_norm, hp.norm_eps, n, E);
-            for (int64_t j = 0; j < n * E; j++) x[j] += tmp[j];
-
-            rms_norm_to(x.data(), L.ffn_norm, hp.norm_eps, n, E, cur.data());
-            if (L.gate_inp) ffn_moe(L, cur.data(), n, tmp.data());
-            else ffn_dense(L.ffn_gate, L.ffn_up, L.ffn_down, cur.data(), n, tmp.data());
-            if (L.post_ffn_norm) rms_norm(tmp.data(), L.post_ffn_norm, hp.norm_eps, n, E);
-            for (int64_t j = 0; j < n * E; j++) x[j] += tmp[j];
-        }
+        embed_tokens(batch, n);
+        for (int il = 0; il < std::min(hp.n_layer, m.placement.first_device_layer); il++) decoder_layer(il, batch, n);
         std::vector<int32_t> logit_rows;
         for (int i = 0; i < n; i++)
             if (batch.want_logits[i]) logit_rows.push_back(i);
@@ -14685,7 +14790,7 @@ struct Context::Impl {
         if (params.embeddings) {  // a decoder as an embedder: its final-norm hidden states
             n_logits = 0;
             rms_norm_to(x.data(), m.output_norm, hp.norm_eps, n, E, cur.data());
-            store_embeddings(batch, cur.data());
+            embeddings.store(batch, cur.data());
             return;
         }
         if (m.placement.output_on_device || n_logits == 0) return;
@@ -14841,7 +14946,8 @@ Context::Context(const Model& model, const ContextParams& params, std::shared_pt
             fail("offload backend: its cache rows do not match the CPU's");
     }
     if (!p.embeddings) return;
-    Impl& d = *impl_;
+    EmbeddingsOutput& d = impl_->embeddings;
+    d.n_seq = p.n_seq;
     d.pooling = p.pooling == Pooling::Unspecified ? model.hp.pooling : p.pooling;
     if (d.pooling == Pooling::Rank && !model.cls && !model.cls_out)
         fail("rank pooling needs a classification head (cls.weight / cls.output.weight), which this model lacks");
@@ -14856,16 +14962,18 @@ void Context::decode(const Batch& batch) {
     impl_->decode(batch);
 }
 const float* Context::embeddings(int i) const {
-    if (i < 0 || i >= impl_->n_embd_rows) fail("no embeddings for output %d", i);
-    return impl_->embd.data() + (size_t)i * impl_->model.hp.n_embd;
+    const EmbeddingsOutput& out = impl_->embeddings;
+    if (i < 0 || i >= out.n_embd_rows) fail("no embeddings for output %d", i);
+    return out.embd.data() + (size_t)i * impl_->model.hp.n_embd;
 }
 const float* Context::seq_embeddings(int seq) const {
-    if (seq < 0 || seq >= (int)impl_->pooled_ready.size() || !impl_->pooled_ready[seq])
+    const EmbeddingsOutput& out = impl_->embeddings;
+    if (seq < 0 || seq >= (int)out.pooled_ready.size() || !out.pooled_ready[seq])
         fail("no pooled embedding of sequence %d in the last batch", seq);
-    return impl_->embd_pooled.data() + (size_t)seq * impl_->n_embd_out;
+    return out.embd_pooled.data() + (size_t)seq * out.n_embd_out;
 }
-int Context::n_embd_out() const { return impl_->n_embd_out; }
-Pooling Context::pooling() const { return impl_->pooling; }
+int Context::n_embd_out() const { return impl_->embeddings.n_embd_out; }
+Pooling Context::pooling() const { return impl_->embeddings.pooling; }
 
 void Batch::set_non_causal() {
     std::map<int32_t, int32_t> end;
@@ -14949,7 +15057,7 @@ bool Context::seq_move(int seq, int src, int dst, int n) {
     if (seq < 0 || seq >= kv.n_seq || n < 0 || dst < 0 || dst > src || src + n > kv.seq_len[seq])
         fail("seq_move: positions [%d, %d) of sequence %d cannot move to %d", src, src + n, seq, dst);
     if (impl_->device) return false;
-    if (src != dst) impl_->move_rows(seq, src, dst, n);
+    if (src != dst) impl_->attention.move_rows(seq, src, dst, n);
     return true;
 }
 size_t Context::kv_bytes() const { return impl_->kv.bytes(); }
@@ -14997,9 +15105,9 @@ MemoryPlan plan_memory(const Model& model, int n_ctx_slot, int n_slots, Type typ
     p.kv_bytes_per_token = kv_bytes_per_token(hp, type_k, type_v);
     p.kv_bytes_per_slot = p.kv_bytes_per_token * (size_t)n_ctx_slot;
     p.kv_bytes_total = p.kv_bytes_per_slot * (size_t)n_slots;
-    // Scratch of one forward pass of n_batch tokens (the buffers of Context::Impl): residual stream
-    // and norms, q/k/v and attention output, the FFN (dense or the routed experts' rows), one
-    // sequence's V dequantized for attention, converted activations, and one row of logits.
+    // Scratch of one forward pass of n_batch tokens (the buffers of Context::Impl, Attention and Ffn):
+    // residual stream and norms, q/k/v and attention output, the FFN (dense or the routed experts'
+    // rows), one sequence's V dequantized for attention, converted activations, and one row of logits.
     const size_t B = (size_t)n_batch, f = sizeof(float);
     const size_t ffn = hp.n_expert ? (size_t)hp.n_expert_used * std::max(hp.n_ff_exp, hp.n_ff) : (size_t)hp.n_ff;
     size_t c = B * hp.n_embd * 3 * f;
