@@ -4385,18 +4385,22 @@ inline std::atomic<int>& amx_state() {
 #define LLM_AMX_INLINE \
     __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,amx-tile,amx-int8"), always_inline)) inline
 
-// Palette 1: tiles 0, 1 = A (16 columns x k_bytes), 2 = B (k_bytes / 4 lines of 64), 4, 5 = C (16 x 16 int32).
+// Palette 1: tiles 0, 1, 3 = A (16 columns x line_bytes), 2 = B (line_bytes / 4 lines of 64), 4..7 = C
+// (16 x 16 int32 or f32). Loaded once per matmul_rows_interleaved call, not per kernel call: ldtilecfg
+// took 17% of the INT8 kernels' time when every 16/32-column call loaded it (docs/performance.md).
 struct alignas(64) TileConfig {
     uint8_t palette = 1, start_row = 0, reserved[14] = {};
     uint16_t colsb[16] = {};
     uint8_t rows[16] = {};
 };
-LLM_AMX_INLINE void amx_configure(int k_bytes) {
+LLM_AMX_FN inline void amx_configure(int line_bytes) {
     TileConfig cfg;
-    for (int t : {0, 1}) cfg.rows[t] = 16, cfg.colsb[t] = (uint16_t)k_bytes;
-    cfg.rows[2] = (uint8_t)(k_bytes / 4), cfg.colsb[2] = 64;
-    for (int t : {4, 5}) cfg.rows[t] = 16, cfg.colsb[t] = 64;
-    _tile_loadconfig(&cfg);
+    for (int t : {0, 1, 3}) cfg.rows[t] = 16, cfg.colsb[t] = (uint16_t)line_bytes;
+    cfg.rows[2] = (uint8_t)(line_bytes / 4), cfg.colsb[2] = 64;
+    for (int t = 4; t < 8; t++) cfg.rows[t] = 16, cfg.colsb[t] = 64;
+    // ldtilecfg reads all 64 bytes; GCC 12's _tile_loadconfig names an 8-byte operand, so the stores
+    // past it were dropped as dead once this function was no longer inlined (tiles unconfigured: SIGILL).
+    __asm__ __volatile__("ldtilecfg %0" : : "m"(cfg));
 }
 // dots[c][r] = (activation column c: the A line at a + c * as) . (weight row r: the B tile at w) for
 // NT * 16 columns; the weight bytes signed or unsigned.
@@ -4430,7 +4434,6 @@ LLM_AMX_FN void amx16_b32(int64_t k, const uint8_t* W, const uint8_t* A, size_t 
     const int64_t nb = k / 32;
     const G* x = (const G*)W;
     const __m512i table = Table ? iq4nl_table512<Offset>() : _mm512_setzero_si512();
-    amx_configure(32);
     __m512 acc[NC], accm[NC];
     for (int c = 0; c < NC; c++) acc[c] = accm[c] = _mm512_setzero_ps();
     alignas(64) int32_t dots[kAmxBlocks][NC][16];
@@ -4469,7 +4472,6 @@ LLM_AMX_FN void amx16_q45_K(int64_t k, const uint8_t* W, const uint8_t* A, size_
     constexpr int NC = 16 * NT;
     const int64_t nb = k / QK_K;
     const G* x = (const G*)W;
-    amx_configure(32);
     __m512 acc[NC], accm[NC];
     for (int c = 0; c < NC; c++) acc[c] = accm[c] = _mm512_setzero_ps();
     alignas(64) int32_t dots[8][NC][16];
@@ -4516,7 +4518,6 @@ LLM_AMX_FN void amx16_k16(int64_t k, const uint8_t* W, const uint8_t* A, size_t 
     constexpr int NC = 16 * NT;
     const int64_t nb = k / QK_K;
     const G* x = (const G*)W;
-    amx_configure(16);
     __m512 acc[NC], accm[NC];
     for (int c = 0; c < NC; c++) acc[c] = accm[c] = _mm512_setzero_ps();
     alignas(64) int32_t dots[16][NC][16];
@@ -4599,9 +4600,6 @@ LLM_AMXBF16_FN void amx16_bf16(int64_t k, const uint8_t* W, const uint8_t* A, si
                                float* out, int64_t ld) {
     static_assert(NT == 1 || NT == 2 || NT == 4, "column tiles");
     const block_bf16_x16* x = (const block_bf16_x16*)W;
-    TileConfig cfg;
-    for (int t = 0; t < 8; t++) cfg.rows[t] = 16, cfg.colsb[t] = 64;
-    _tile_loadconfig(&cfg);
     amx_bf16_tiles<NT, Bf16TileOp::Zero>(A, as, out, ld);
     for (int64_t b = 0; b < k / 32; b++) {
         _tile_loadd(2, x[b].v, 64);
@@ -4662,10 +4660,16 @@ inline Tile16Fn amx_tile64(Type t) {
 #endif
 }
 
+// The A tiles' line bytes of a type's AMX kernels (see amx_configure): a 32-value block of bytes, a
+// 16-value sub-block (Q6_K, Q3_K, Q2_K), or a 32-value block of bf16.
+inline int amx_line_bytes(Type t) {
+    return t == Type::Q6_K || t == Type::Q3_K || t == Type::Q2_K ? 16 : t == Type::BF16 ? 64 : 32;
+}
 // Frees the tile state (a thread that used AMX keeps 8 KiB of it in every context switch otherwise).
 #if defined(LLM_X86) && defined(__linux__)
 LLM_AMX_FN inline void amx_release() { _tile_release(); }
 #else
+inline void amx_configure(int) {}
 inline void amx_release() {}
 #endif
 } // namespace qimpl
@@ -4770,6 +4774,7 @@ void matmul_rows_interleaved(Type wt, const uint8_t* W, int64_t k, int64_t r0, i
     const qimpl::Tile16Fn* tiles = qimpl::interleaved_tiles(it);
     const qimpl::Tile16Fn* amx = n_act >= qimpl::kAmxMinColumns && amx_enabled() ? qimpl::amx_tiles(wt) : nullptr;
     const qimpl::Tile16Fn amx64 = amx ? qimpl::amx_tile64(wt) : nullptr;
+    if (amx) qimpl::amx_configure(qimpl::amx_line_bytes(wt));
     // Per row group, every column (the group's weights stay in L1/L2 across column tiles): AMX's
     // 64 (BF16), 32 and 16 columns first, then the vector tiles.
     for (int64_t g = r0; g < r1; g += kInterleaveRows) {
