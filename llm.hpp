@@ -1039,13 +1039,6 @@ public:
     // How many leading tokens of `tokens` sequence seq caches (what draft() need not feed again).
     size_t cached_prefix(int seq, const std::vector<int32_t>& tokens) const;
     Context& context() { return ctx_; }
-    // The draft() calls' decodes so far and their time: what a drafted token costs in the loop
-    // (catch-up feeds outside draft() are not counted).
-    struct Timing {
-        int64_t decodes = 0;
-        double ms = 0;
-    };
-    const Timing& timing() const { return timing_; }
 
 private:
     void decode(int seq, const Batch& batch);
@@ -1053,8 +1046,6 @@ private:
     Context ctx_;
     int target_vocab_;
     std::vector<std::vector<int32_t>> cached_;  // per sequence: the tokens in ctx_'s cache
-    int64_t n_decodes_ = 0;                      // decode() calls, feeds included
-    Timing timing_;
     int last_confirmed_ = 0, last_decodes_ = 0;
 };
 
@@ -17391,7 +17382,6 @@ void DraftModel::feed_with(int seq, const std::vector<int32_t>& tokens, const st
 }
 
 void DraftModel::decode(int seq, const Batch& batch) {
-    n_decodes_++;
     try {
         ctx_.decode(batch);
     } catch (const Error&) {  // what the cache holds is unknown now: the sequence starts over next time
@@ -17407,8 +17397,6 @@ std::vector<int32_t> DraftModel::draft(int seq, const std::vector<int32_t>& toke
     const int len = (int)tokens.size();
     const int n_max = std::min(p.n_max, ctx_.n_ctx_seq() - len);  // positions the draft's sequence has left
     if (len == 0 || n_max <= 0 || n_max < p.n_min) return {};
-    const double t0 = now_seconds();
-    const int64_t decodes_before = n_decodes_;
     // Row r of the first batch's logits checks proposal[r]: the tokens before the last one checked are evaluated.
     const int n_check = std::min({(int)proposal.size(), n_max, std::max(1, n_batch)});
     const std::vector<int32_t> evaluated(proposal.begin(), proposal.begin() + std::max(0, n_check - 1));
@@ -17444,8 +17432,6 @@ std::vector<int32_t> DraftModel::draft(int seq, const std::vector<int32_t>& toke
         checking = false;
         row = 0;
     }
-    timing_.decodes += n_decodes_ - decodes_before;
-    timing_.ms += (now_seconds() - t0) * 1000;
     if ((int)out.size() < p.n_min) out.clear();
     return out;
 }

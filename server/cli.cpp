@@ -164,11 +164,10 @@ std::pair<double, double> median_stddev(const std::vector<double>& xs) {
 void print_draft_stats(const DraftStats& st, int n_gen, const Speculator& spec) {
     fprintf(stderr, "%18s = %5d tokens in %d drafts, %d accepted (%.1f%%); %d tokens generated", "draft", st.drafted, st.steps,
             st.accepted, st.drafted ? 100.0 * st.accepted / st.drafted : 0.0, n_gen);
-    if (const llm::DraftModel* dm = spec.draft_model())
-        fprintf(stderr, "; draft model %.2f ms per decode (%lld decodes)", dm->timing().decodes ? dm->timing().ms / dm->timing().decodes : 0.0,
-                (long long)dm->timing().decodes);
-    fprintf(stderr, "\n");
     const Speculator::Counters& c = spec.counters();
+    if (spec.has_draft_model())
+        fprintf(stderr, "; draft model %.2f ms per decode (%d decodes)", c.model_decodes ? c.model_ms / c.model_decodes : 0.0, c.model_decodes);
+    fprintf(stderr, "\n");
     fprintf(stderr, "%18s = %.0f ms target decodes (%d), %.0f ms sampling, %.0f ms drafting: draft model %.0f ms in %d calls + %.0f ms catch-up\n",
             "spec time", st.decode_ms, st.decodes, st.sample_ms, st.draft_ms, c.model_ms, c.model_calls, c.catch_up_ms);
     if (c.checked) fprintf(stderr, "%18s = %d lookup proposals checked by the draft model, %d tokens confirmed\n", "draft checks", c.checked, c.confirmed);

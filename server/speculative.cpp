@@ -131,6 +131,7 @@ std::vector<int32_t> Speculator::model_draft(Sequence& s, int seq, const std::ve
     s.call_decodes = draft_->last_decodes();
     s.call_base = base;
     counters_.model_calls++;
+    counters_.model_decodes += draft_->last_decodes();
     counters_.checked += !proposal.empty();
     counters_.confirmed += draft_->last_confirmed();
     if ((int)out.size() < p.n_min) out.clear();

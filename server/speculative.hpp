@@ -26,7 +26,6 @@ public:
     // context's size (-cd: another total); throws llm::Error.
     Speculator(const Options& o, const llm::Model& target, const llm::Context& target_ctx, int n_seq);
     bool has_draft_model() const { return draft_ != nullptr; }
-    const llm::DraftModel* draft_model() const { return draft_.get(); }  // null without -md
     // A new request on sequence seq: its acceptance estimates start over.
     void reset(int seq);
     // The draft after `tokens` (all of sequence seq so far; the target has not evaluated the last):
@@ -45,6 +44,7 @@ public:
     // Where the draft model's time went, over all sequences (the -p mode's report).
     struct Counters {
         int model_calls = 0, checked = 0, confirmed = 0;  // its calls, those that checked a lookup proposal, tokens confirmed
+        int model_decodes = 0;                            // the decodes of its calls (a checked proposal: one)
         double model_ms = 0, catch_up_ms = 0;             // drafting, and feeding it the tokens it had not seen
     };
     const Counters& counters() const { return counters_; }
