@@ -2483,10 +2483,16 @@ struct IsaKernels {
 #define LLM_AVX512VNNI_INLINE \
     __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni"), always_inline)) inline
 // GCC 12 warns about the _mm512_undefined_* inside its 512-bit conversion and broadcast intrinsics
-// (a false alarm); the 512-bit kernels are wrapped in these.
+// (a false alarm); the 512-bit kernels are wrapped in these. Clang has no -Wmaybe-uninitialized (and
+// warns about the unknown group).
+#if defined(__clang__)
+#define LLM_AVX512_WARNINGS_OFF \
+    _Pragma("GCC diagnostic push") _Pragma("GCC diagnostic ignored \"-Wuninitialized\"") _Pragma("GCC diagnostic ignored \"-Wpsabi\"")
+#else
 #define LLM_AVX512_WARNINGS_OFF                                                                    \
     _Pragma("GCC diagnostic push") _Pragma("GCC diagnostic ignored \"-Wmaybe-uninitialized\"")      \
         _Pragma("GCC diagnostic ignored \"-Wuninitialized\"") _Pragma("GCC diagnostic ignored \"-Wpsabi\"")
+#endif
 #define LLM_AVX512_WARNINGS_ON _Pragma("GCC diagnostic pop")
 
 // Sum of unsigned bytes a times signed bytes b, in groups of four, into eight int32 lanes.
