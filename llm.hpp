@@ -15099,6 +15099,14 @@ size_t memory_available() {
     return avail;
 }
 
+// Multi-head latent attention's own scratch per token (Attention::mla): the projected query, the
+// [latent | rope] row, the query's low-rank step, the per-head products' inputs and outputs, the v_b heads.
+static size_t mla_scratch_floats(const HParams& hp) {
+    if (hp.kv_lora_rank <= 0) return 0;
+    const size_t heads = hp.n_head, rank = hp.kv_lora_rank, nope = hp.qk_nope, rot = hp.n_rot;
+    return heads * (nope + rot) + (rank + rot) + hp.q_lora_rank + heads * std::max(nope, rank) + heads * rank + heads * hp.v_head_dim;
+}
+
 MemoryPlan plan_memory(const Model& model, int n_ctx_slot, int n_slots, Type type_k, Type type_v, int n_batch) {
     const HParams& hp = model.hp;
     if (n_ctx_slot <= 0 || n_slots <= 0 || n_batch <= 0) fail("plan: context, slots and batch must be positive");
@@ -15109,12 +15117,14 @@ MemoryPlan plan_memory(const Model& model, int n_ctx_slot, int n_slots, Type typ
     p.kv_bytes_total = p.kv_bytes_per_slot * (size_t)n_slots;
     // Scratch of one forward pass of n_batch tokens (the buffers of Context::Impl, Attention and Ffn):
     // residual stream and norms, q/k/v and attention output, the FFN (dense or the routed experts'
-    // rows), one sequence's V dequantized for attention, converted activations, and one row of logits.
+    // rows), MLA's latent-space heads, one sequence's V dequantized for attention, converted activations,
+    // and one row of logits.
     const size_t B = (size_t)n_batch, f = sizeof(float);
-    const size_t ffn = hp.n_expert ? (size_t)hp.n_expert_used * std::max(hp.n_ff_exp, hp.n_ff) : (size_t)hp.n_ff;
+    const size_t ffn = std::max((size_t)hp.n_ff, hp.n_expert ? (size_t)hp.n_expert_used * hp.n_ff_exp : 0);  // a dense block or the routed rows
     size_t c = B * hp.n_embd * 3 * f;
     c += B * ((size_t)hp.n_head * (hp.head_dim_k + hp.head_dim_v) + 2 * (size_t)hp.n_embd_k_gqa()) * f;
     c += B * ffn * 3 * f + (hp.n_expert ? B * hp.n_expert_used * (size_t)hp.n_embd * 2 * f : 0);
+    c += B * mla_scratch_floats(hp) * f;
     c += (size_t)n_ctx_slot * std::max(hp.n_embd_v_gqa(), hp.head_dim_v) * f;
     c += B * std::max<size_t>(hp.n_embd, ffn) * 2;
     c += (size_t)hp.n_vocab * f * 2;

@@ -62,6 +62,12 @@ TEST_CASE("plan: DeepSeek-Coder-V2-Lite latent cache and Qwen2.5-Coder-7B GQA ca
     CHECK(p.weight_bytes == 0);  // metadata only
     // q8_0: 34 bytes per 32 values, about half.
     CHECK(plan(ds, 8192, 4, llm::Type::Q8_0).kv_bytes_per_token == 27ull * 576 / 32 * 34);
+    // One batch of 512 tokens' scratch, floats per token: residual stream and norms 3 x 2048; q, attention
+    // output and k/v rows 16 x (576 + 512) + 2 x 576; the FFN's three buffers 3 x max(dense 10944, 6 x 1408)
+    // and the routed rows' 6 x 2048 x 2; MLA's heads 16 x 192 + 576 + 16 x 512 x 2 + 16 x 128; converted
+    // activations max(2048, 10944) x 2 bytes; plus one sequence's V (8192 x 512) and two rows of logits.
+    const size_t per_token = (3 * 2048 + 16 * 1088 + 2 * 576 + 3 * 10944 + 6 * 2048 * 2 + 16 * 192 + 576 + 16 * 512 * 2 + 16 * 128) * 4 + 10944 * 2;
+    CHECK(p.compute_bytes == 512 * per_token + 8192ull * 512 * 4 + 102400ull * 4 * 2);
     // GQA: n_layer x n_kv_head x head_dim x 2 (K and V) x 2 bytes = 28 x 4 x 128 x 2 x 2.
     p = plan(qw, 8192, 4, llm::Type::F16);
     CHECK(p.kv_bytes_per_token == 57344);
