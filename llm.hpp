@@ -14434,10 +14434,12 @@ struct Ffn {
     ThreadPool& pool;
     MatMuls& matmul;
     bool moe_grouped;  // ContextParams::moe_grouped
-    // The gate and up projections (experts: their tokens' rows, in expert order), the router's logits
-    // (n x n_expert), each expert's tokens gathered and its outputs (in expert order), and the shared
-    // experts' output (n x n_embd).
+    // The gate and up projections (experts: their tokens' rows, in expert order, then the shared
+    // experts' rows), the router's logits (n x n_expert), each expert's tokens gathered and its outputs
+    // (in expert order), and the shared experts' output (n x n_embd).
     std::vector<float> gate_out, up_out, router, routed_in, routed_out, shared_out;
+    std::vector<std::vector<std::pair<int, float>>> users;  // expert -> its (token, weight) pairs (route)
+    std::vector<int> first;                                 // expert -> its first row in expert order (route)
 
     Ffn(const Model& m, ThreadPool& threads, MatMuls& matmuls, bool grouped)
         : model(m), pool(threads), matmul(matmuls), moe_grouped(grouped) {}
@@ -14461,32 +14463,34 @@ struct Ffn {
     }
 
     // Mixture of experts, grouped by expert: every token is routed first, then each chosen expert runs
-    // once over all the tokens that chose it, so its weights are read once per batch.
+    // once over all the tokens that chose it, so its weights are read once per batch; the shared
+    // experts run in the same products (their few-token tiles compute while the routed experts'
+    // weights stream, and the batch pays one thread hand-off for both).
     void moe(const LayerWeights& L, const float* xin, int n, float* out) {
         const int64_t n_embd = model.hp.n_embd;
         if (moe_grouped || n == 1) {
-            moe_routed(L, xin, n, out);
+            moe_routed(L, xin, n, out, L.gate_shexp != nullptr);
         } else {
             // Token by token (the baseline that --moe-per-token measures): each token's experts run
             // on their own, so every expert is read once per token that chose it.
-            for (int i = 0; i < n; i++) moe_routed(L, xin + i * n_embd, 1, out + i * n_embd);
+            for (int i = 0; i < n; i++) moe_routed(L, xin + i * n_embd, 1, out + i * n_embd, false);
+            if (L.gate_shexp) {
+                shared_out.resize((size_t)n * n_embd);
+                dense(L.gate_shexp, L.up_shexp, L.down_shexp, xin, n, shared_out.data());
+            }
         }
-        if (L.gate_shexp) {
-            shared_out.resize((size_t)n * n_embd);
-            dense(L.gate_shexp, L.up_shexp, L.down_shexp, xin, n, shared_out.data());
+        if (L.gate_shexp)
             for (int64_t j = 0; j < n * n_embd; j++) out[j] += shared_out[j];
-        }
     }
 
-    // The routed experts of n tokens: route every token, run each chosen expert once over its tokens,
-    // then sum each token's expert outputs by their weights.
-    void moe_routed(const LayerWeights& L, const float* xin, int n, float* out) {
+    // Routes n tokens: users[e] becomes the (token, weight) pairs of the tokens that chose expert e,
+    // first[e] the row of expert e's first token in the expert-ordered buffers (first[n_expert]: all).
+    void route(const LayerWeights& L, const float* xin, int n) {
         const HParams& hp = model.hp;
         const int n_expert = hp.n_expert, n_used = hp.n_expert_used;
-        const int64_t n_embd = hp.n_embd, n_ff_exp = hp.n_ff_exp;
         router.resize((size_t)n * n_expert);
         matmul({{L.gate_inp, xin, n, router.data()}});
-        std::vector<std::vector<std::pair<int, float>>> users(n_expert);  // expert -> (token, weight)
+        users.assign(n_expert, {});
         std::vector<int32_t> chosen(n_used);
         std::vector<float> weights(n_used);
         const float* bias = L.exp_probs_b ? (const float*)L.exp_probs_b->data : nullptr;
@@ -14494,13 +14498,22 @@ struct Ffn {
             moe_route(hp, router.data() + (size_t)i * n_expert, bias, chosen.data(), weights.data());
             for (int j = 0; j < n_used; j++) users[chosen[j]].emplace_back(i, weights[j]);
         }
-        // Row offsets of each expert's tokens in routed_in and routed_out.
-        std::vector<int> first(n_expert + 1, 0);
+        first.assign(n_expert + 1, 0);
         for (int e = 0; e < n_expert; e++) first[e + 1] = first[e] + (int)users[e].size();
+    }
+
+    // The routed experts of n tokens: route every token, run each chosen expert once over its tokens,
+    // then sum each token's expert outputs by their weights. With_shared: the shared experts too, their
+    // gate / up rows after the routed ones, their output in shared_out.
+    void moe_routed(const LayerWeights& L, const float* xin, int n, float* out, bool with_shared) {
+        const int n_expert = model.hp.n_expert;
+        const int64_t n_embd = model.hp.n_embd, n_ff_exp = model.hp.n_ff_exp;
+        route(L, xin, n);
         const int total = first[n_expert];
+        const size_t routed_ff = (size_t)total * n_ff_exp, shared_ff = with_shared ? (size_t)n * L.gate_shexp->ne[1] : 0;
         routed_in.resize((size_t)total * n_embd);
-        gate_out.resize((size_t)total * n_ff_exp);
-        up_out.resize((size_t)total * n_ff_exp);
+        gate_out.resize(routed_ff + shared_ff);
+        up_out.resize(routed_ff + shared_ff);
         routed_out.resize((size_t)total * n_embd);
         std::vector<MatMul> jobs;
         for (int e = 0; e < n_expert; e++) {
@@ -14512,11 +14525,19 @@ struct Ffn {
             jobs.push_back({&L.gate_exp[e], routed_in.data() + first[e] * n_embd, m, gate_out.data() + first[e] * n_ff_exp});
             jobs.push_back({&L.up_exp[e], routed_in.data() + first[e] * n_embd, m, up_out.data() + first[e] * n_ff_exp});
         }
+        if (with_shared) {
+            jobs.push_back({L.gate_shexp, xin, n, gate_out.data() + routed_ff});
+            jobs.push_back({L.up_shexp, xin, n, up_out.data() + routed_ff});
+        }
         matmul(jobs);
-        gated_activation(gate_out.data(), up_out.data(), (int64_t)total * n_ff_exp);
+        gated_activation(gate_out.data(), up_out.data(), (int64_t)gate_out.size());
         jobs.clear();
         for (int e = 0; e < n_expert; e++) {
             if (!users[e].empty()) jobs.push_back({&L.down_exp[e], gate_out.data() + first[e] * n_ff_exp, (int)users[e].size(), routed_out.data() + first[e] * n_embd});
+        }
+        if (with_shared) {
+            shared_out.resize((size_t)n * n_embd);
+            jobs.push_back({L.down_shexp, gate_out.data() + routed_ff, n, shared_out.data()});
         }
         matmul(jobs);
         std::fill(out, out + n * n_embd, 0.0f);
