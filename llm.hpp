@@ -1011,6 +1011,58 @@ struct DraftParams {
 // last n tokens of `tokens`, for n from ngram_n down to 2 (the longest match wins); at most n_max.
 std::vector<int32_t> ngram_draft(const std::vector<int32_t>& tokens, int ngram_n, int n_max);
 
+// Prompt lookup that follows a rewrite's renames (n-gram speculation for "rewrite it with better
+// names"): like ngram_draft, but it learns substitutions (an old name of the prompt -> the output's new
+// one) from where its proposals went wrong, and looks up and proposes through them. It follows the
+// text token by token, whoever drafted it (a draft model's tokens too): where no proposal of its own is
+// in force it proposes anew, so every departure from the prompt's text is seen. Stateful, one per
+// sequence; the first draft() call's tokens but the last are the prompt, what may be renamed.
+class NgramLookup {
+public:
+    static constexpr int kMaxSubstitutions = 64;  // the oldest goes first
+    static constexpr int kMaxFailures = 2;        // a substitution contradicted this often in a row goes
+    static constexpr int kMaxOldTokens = 3;       // a substitution replaces 1..3 tokens of the prompt
+    static constexpr int kMaxNewTokens = 4;       //   by 1..4 tokens of the output
+    static constexpr int kGiveUpAfter = 8;        // output tokens after a divergence that may re-join
+    // Up to n_max tokens expected after `tokens` (the whole sequence so far, the same as last call's
+    // and then what followed). First the tokens that followed teach the map; then the longest suffix
+    // (ngram_n..2 tokens) of the tail read with old names is looked up in the prompt and its
+    // continuation proposed with new names, unless the plain tail (ngram_draft) matches longer.
+    std::vector<int32_t> draft(const std::vector<int32_t>& tokens, int ngram_n, int n_max);
+    // The substitutions learnt and kept: the old tokens -> the new ones.
+    std::vector<std::pair<std::vector<int32_t>, std::vector<int32_t>>> substitutions() const;
+
+private:
+    struct Substitution {
+        std::vector<int32_t> old_tokens, new_tokens;
+        int failures = 0;
+        uint64_t id = 0;  // larger: learnt later
+    };
+    struct Proposed {
+        int32_t token;
+        size_t source;     // the token of the sequence it was copied from (for a substitution: its first)
+        uint64_t through;  // the substitution that made it, 0: copied as is
+    };
+    void follow(const std::vector<int32_t>& tokens, int ngram_n, int n_max);
+    void propose(const std::vector<int32_t>& tokens, size_t end, int ngram_n, int n_max);
+    void resolve_divergence(const std::vector<int32_t>& tokens, size_t end);
+    void learn(std::vector<int32_t> old_tokens, std::vector<int32_t> new_tokens);
+    std::vector<int32_t> tail_with_old_names(const std::vector<int32_t>& tokens, size_t end, int n) const;
+    const Substitution* substitution_at(const std::vector<int32_t>& tokens, size_t at) const;
+    void propose_from_prompt(const std::vector<int32_t>& tokens, size_t from, int n_max);
+    void propose_from_sequence(const std::vector<int32_t>& tokens, size_t end, size_t from, int n_max);
+    bool started_ = false;            // a first call set prompt_end_:
+    size_t prompt_end_ = 0;           //   the tokens before it are the prompt
+    std::vector<Substitution> substitutions_;
+    uint64_t next_id_ = 1;
+    std::vector<Proposed> proposal_;  // the proposal in force, made after proposal_at_ tokens
+    size_t proposal_at_ = 0;
+    size_t followed_ = 0;             // the tokens compared with the proposals so far
+    bool diverged_ = false;           // the output left the prompt's text at divergence_at_ where the
+    size_t divergence_source_ = 0;    //   proposal copied the prompt's token divergence_source_
+    size_t divergence_at_ = 0;
+};
+
 // Throws Error unless the draft's tokens mean what the target's do: the same tokenizer, ids of the
 // shared range with the same text, at most 128 ids more or fewer (llama.cpp's rule), the same BOS/EOS.
 void check_draft_vocab(const Model& target, const Model& draft);
@@ -17346,17 +17398,175 @@ void print_perplexity_report(const PerplexityResult& r, FILE* out) {
 //     the API section); the caller verifies them against the target.
 // ============================================================================================
 
-std::vector<int32_t> ngram_draft(const std::vector<int32_t>& tokens, int ngram_n, int n_max) {
-    const int len = (int)tokens.size();
-    for (int n = std::min(ngram_n, len - 1); n >= 2; n--) {
-        const int32_t* tail = tokens.data() + len - n;
-        for (int start = len - n - 1; start >= 0; start--) {  // the latest occurrence that something follows
-            if (!std::equal(tail, tail + n, tokens.data() + start)) continue;
-            const int from = start + n, count = std::max(0, std::min(n_max, len - from));
-            return std::vector<int32_t>(tokens.begin() + from, tokens.begin() + from + count);
+// Where the continuation of the latest occurrence, among tokens[0, end), of the longest suffix (ngram_n..2
+// tokens) of tail[0, tail_len) begins, with at least one token of it before `end`: {the suffix's
+// length, the continuation's index}; {0, 0} when none occurs.
+static std::pair<int, size_t> latest_suffix_match(const std::vector<int32_t>& tokens, size_t end, const int32_t* tail, size_t tail_len,
+                                                  int ngram_n) {
+    for (int n = (int)std::min<long>(ngram_n, (long)tail_len); n >= 2; n--) {
+        const int32_t* suffix = tail + tail_len - n;
+        for (long start = (long)end - n - 1; start >= 0; start--) {
+            if (std::equal(suffix, suffix + n, tokens.data() + start)) return {n, (size_t)start + n};
         }
     }
-    return {};
+    return {0, 0};
+}
+
+std::vector<int32_t> ngram_draft(const std::vector<int32_t>& tokens, int ngram_n, int n_max) {
+    const auto [n, from] = latest_suffix_match(tokens, tokens.size(), tokens.data(), tokens.size(), ngram_n);
+    if (n == 0) return {};
+    const size_t count = std::min(tokens.size() - from, (size_t)std::max(0, n_max));
+    return std::vector<int32_t>(tokens.begin() + from, tokens.begin() + from + count);
+}
+
+std::vector<int32_t> NgramLookup::draft(const std::vector<int32_t>& tokens, int ngram_n, int n_max) {
+    if (tokens.empty()) return {};
+    if (!started_ || tokens.size() < followed_) {  // the first call, or another sequence: start over
+        *this = NgramLookup();
+        started_ = true;
+        prompt_end_ = tokens.size() - 1;
+        followed_ = tokens.size();
+    }
+    follow(tokens, ngram_n, n_max);
+    propose(tokens, tokens.size(), ngram_n, n_max);
+    std::vector<int32_t> out;
+    for (const Proposed& p : proposal_) out.push_back(p.token);
+    return out;
+}
+
+// Compares each token since the last call with the proposal in force: a substitution whose new tokens
+// it contradicts loses confidence; a copied prompt token it contradicts is where the output left the
+// prompt's text. Where no proposal is in force (rejected or used up) the lookup proposes anew after
+// the token, as if each token were verified alone, so text drafted by others teaches the map too.
+void NgramLookup::follow(const std::vector<int32_t>& tokens, int ngram_n, int n_max) {
+    for (; followed_ < tokens.size(); followed_++) {
+        const size_t i = followed_ - proposal_at_;
+        if (i < proposal_.size()) {
+            const Proposed& p = proposal_[i];
+            auto through = std::find_if(substitutions_.begin(), substitutions_.end(), [&](const Substitution& s) { return s.id == p.through; });
+            if (tokens[followed_] == p.token) {
+                if (through != substitutions_.end()) through->failures = 0;
+                continue;
+            }
+            if (through != substitutions_.end()) {
+                if (++through->failures >= kMaxFailures) substitutions_.erase(through);
+            } else if (p.through == 0 && p.source < prompt_end_) {
+                diverged_ = true;
+                divergence_source_ = p.source;
+                divergence_at_ = followed_;
+            }
+        }
+        resolve_divergence(tokens, followed_ + 1);
+        propose(tokens, followed_ + 1, ngram_n, n_max);
+    }
+}
+
+// The proposal after tokens[0, end): the renamed lookup's unless the plain one matches a longer suffix.
+void NgramLookup::propose(const std::vector<int32_t>& tokens, size_t end, int ngram_n, int n_max) {
+    const auto plain = latest_suffix_match(tokens, end, tokens.data(), end, ngram_n);
+    std::pair<int, size_t> renamed{0, 0};
+    if (!substitutions_.empty()) {
+        const std::vector<int32_t> tail = tail_with_old_names(tokens, end, ngram_n);
+        renamed = latest_suffix_match(tokens, prompt_end_, tail.data(), tail.size(), ngram_n);
+    }
+    proposal_.clear();
+    proposal_at_ = end;
+    if (renamed.first > 0 && renamed.first >= plain.first) propose_from_prompt(tokens, renamed.second, n_max);
+    else if (plain.first > 0) propose_from_sequence(tokens, end, plain.second, n_max);
+}
+
+std::vector<std::pair<std::vector<int32_t>, std::vector<int32_t>>> NgramLookup::substitutions() const {
+    std::vector<std::pair<std::vector<int32_t>, std::vector<int32_t>>> out;
+    for (const Substitution& s : substitutions_) out.emplace_back(s.old_tokens, s.new_tokens);
+    return out;
+}
+
+// Where tokens[0, end) re-join the prompt's text after a divergence (the fewest tokens skipped on both
+// sides), the skipped prompt tokens -> the output's tokens instead is a substitution.
+void NgramLookup::resolve_divergence(const std::vector<int32_t>& tokens, size_t end) {
+    if (!diverged_) return;
+    if (end > divergence_at_ + kGiveUpAfter + 1) {
+        diverged_ = false;
+        return;
+    }
+    for (int skipped = 2; skipped <= kMaxOldTokens + kMaxNewTokens; skipped++) {
+        for (int n_old = 1; n_old <= kMaxOldTokens; n_old++) {
+            const int n_new = skipped - n_old;
+            const size_t old_end = divergence_source_ + n_old, new_end = divergence_at_ + n_new;
+            if (n_new < 1 || n_new > kMaxNewTokens || old_end >= prompt_end_ || new_end >= end) continue;
+            if (tokens[old_end] != tokens[new_end]) continue;
+            learn(std::vector<int32_t>(tokens.begin() + divergence_source_, tokens.begin() + old_end),
+                  std::vector<int32_t>(tokens.begin() + divergence_at_, tokens.begin() + new_end));
+            diverged_ = false;
+            return;
+        }
+    }
+}
+
+// Adds a substitution, or renews the one of the same old tokens; the oldest goes beyond the bound.
+void NgramLookup::learn(std::vector<int32_t> old_tokens, std::vector<int32_t> new_tokens) {
+    auto same = std::find_if(substitutions_.begin(), substitutions_.end(), [&](const Substitution& s) { return s.old_tokens == old_tokens; });
+    if (same == substitutions_.end()) same = substitutions_.insert(substitutions_.end(), Substitution{std::move(old_tokens), {}, 0, 0});
+    same->new_tokens = std::move(new_tokens);
+    same->failures = 0;
+    same->id = next_id_++;
+    if ((int)substitutions_.size() > kMaxSubstitutions) {
+        substitutions_.erase(std::min_element(substitutions_.begin(), substitutions_.end(),
+                                              [](const Substitution& a, const Substitution& b) { return a.id < b.id; }));
+    }
+}
+
+// The last n tokens of tokens[0, end) with the output's new names read as the prompt's old ones (the
+// latest substitution whose new tokens end there), so a tail that ends in a new name occurs in the prompt.
+std::vector<int32_t> NgramLookup::tail_with_old_names(const std::vector<int32_t>& tokens, size_t end, int n) const {
+    std::vector<int32_t> reversed;
+    while (end > 0 && (int)reversed.size() < n) {
+        const Substitution* named = nullptr;
+        for (const Substitution& s : substitutions_) {
+            const size_t k = s.new_tokens.size();
+            if (end < prompt_end_ + k || !std::equal(s.new_tokens.begin(), s.new_tokens.end(), tokens.begin() + (end - k))) continue;
+            if (!named || s.id > named->id) named = &s;
+        }
+        if (named) {
+            reversed.insert(reversed.end(), named->old_tokens.rbegin(), named->old_tokens.rend());
+            end -= named->new_tokens.size();
+        } else {
+            reversed.push_back(tokens[--end]);
+        }
+    }
+    reversed.resize(std::min<size_t>(reversed.size(), n));
+    return std::vector<int32_t>(reversed.rbegin(), reversed.rend());
+}
+
+// The substitution whose old tokens the prompt holds at `at` (the longest, then the latest), if any.
+const NgramLookup::Substitution* NgramLookup::substitution_at(const std::vector<int32_t>& tokens, size_t at) const {
+    const Substitution* best = nullptr;
+    for (const Substitution& s : substitutions_) {
+        const size_t k = s.old_tokens.size();
+        if (at + k > prompt_end_ || !std::equal(s.old_tokens.begin(), s.old_tokens.end(), tokens.begin() + at)) continue;
+        if (!best || k > best->old_tokens.size() || (k == best->old_tokens.size() && s.id > best->id)) best = &s;
+    }
+    return best;
+}
+
+// The prompt's tokens from `from` with the old names replaced by the new ones, at most n_max.
+void NgramLookup::propose_from_prompt(const std::vector<int32_t>& tokens, size_t from, int n_max) {
+    for (size_t at = from; (int)proposal_.size() < n_max && at < prompt_end_;) {
+        const Substitution* s = substitution_at(tokens, at);
+        if (!s) {
+            proposal_.push_back({tokens[at], at, 0});
+            at++;
+            continue;
+        }
+        for (int32_t t : s->new_tokens) proposal_.push_back({t, at, s->id});
+        at += s->old_tokens.size();
+    }
+    proposal_.resize(std::min<size_t>(proposal_.size(), std::max(0, n_max)));
+}
+
+// tokens[from, end) as they are, at most n_max (an earlier stretch of the output holds its new names).
+void NgramLookup::propose_from_sequence(const std::vector<int32_t>& tokens, size_t end, size_t from, int n_max) {
+    for (size_t at = from; (int)proposal_.size() < n_max && at < end; at++) proposal_.push_back({tokens[at], at, 0});
 }
 
 void check_draft_vocab(const Model& target, const Model& draft) {

@@ -84,7 +84,7 @@ std::vector<int32_t> Speculator::ngram_draft(Sequence& s, const std::vector<int3
         s.ngram_outcome(kept, kept < seen);
         s.unverified.clear();
     }
-    proposal = llm::ngram_draft(tokens, o_.ngram_n, n_max);
+    proposal = s.lookup.draft(tokens, o_.ngram_n, n_max);
     std::vector<int32_t> out = proposal;
     if (out.empty() || !o_.backoff) {
         s.last = out.empty() ? Source::None : Source::Ngram;
@@ -177,7 +177,7 @@ void Speculator::record(int seq, int n_drafted, int n_accepted) {
 
 std::string Speculator::describe() const {
     std::string s;
-    if (o_.ngram) s = "n-gram lookup (suffixes of " + std::to_string(o_.ngram_n) + "..2 tokens)";
+    if (o_.ngram) s = "n-gram lookup (suffixes of " + std::to_string(o_.ngram_n) + "..2 tokens, following renames)";
     if (draft_) s += (s.empty() ? "draft model " : ", then draft model ") + o_.model;
     return s + "; draft-max " + std::to_string(o_.draft.n_max) + ", draft-min " + std::to_string(o_.draft.n_min) + ", p-min " +
            std::to_string(o_.draft.p_min);

@@ -1,5 +1,6 @@
 // Speculative decoding's drafters, for the scheduler and the command-line modes: n-gram lookup in a
-// sequence's own tokens and a draft model (loaded beside the target, on the target's worker threads).
+// sequence's own tokens (following a rewrite's renames: llm::NgramLookup) and a draft model (loaded
+// beside the target, on the target's worker threads).
 // Verification is the caller's: it samples every drafted position from the target and keeps a drafted
 // token only while it equals the sample (llm.hpp, "Speculative decoding").
 //
@@ -54,6 +55,7 @@ private:
     // What a sequence's drafts have yielded (moving sums and averages).
     struct Sequence {
         Source last = Source::None;                  // the drafter of the draft being verified
+        llm::NgramLookup lookup;                     // the n-gram lookup and the renames it learnt
         double ngram_kept = 1, ngram_rejected = 1;   // n-gram tokens kept, drafts cut short (prior: 1/2)
         std::vector<int32_t> unverified;             // an n-gram proposal not verified, to check against
         size_t unverified_at = 0;                    //   the tokens that come after this many

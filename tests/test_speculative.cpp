@@ -55,6 +55,126 @@ TEST_CASE("speculative: n-gram lookup drafts what followed the latest earlier oc
     CHECK(llm::ngram_draft({}, 3, 8).empty());
 }
 
+namespace {
+
+using Tokens = std::vector<int32_t>;
+using Substitutions = std::vector<std::pair<Tokens, Tokens>>;
+
+// Greedy verification of `lookup`'s drafts over a known continuation: each step the draft is kept while
+// it equals `output`, then the target's own token follows. Returns the drafted tokens kept.
+int kept_over(llm::NgramLookup& lookup, const Tokens& prompt, const Tokens& output) {
+    Tokens seq = prompt;
+    seq.push_back(output[0]);
+    int kept = 0;
+    while (seq.size() < prompt.size() + output.size()) {
+        const Tokens draft = lookup.draft(seq, 3, 16);
+        size_t n = 0;
+        while (n < draft.size() && seq.size() < prompt.size() + output.size() && draft[n] == output[seq.size() - prompt.size()]) {
+            seq.push_back(draft[n++]);
+        }
+        kept += (int)n;
+        if (seq.size() < prompt.size() + output.size()) seq.push_back(output[seq.size() - prompt.size()]);
+    }
+    return kept;
+}
+
+// The rewritten "function" of these tests: the name 50 three times among other tokens.
+const Tokens kFunction = {90, 1, 2, 3, 50, 4, 5, 6, 7, 50, 8, 9, 10, 11, 50, 12, 13, 91};
+
+}  // namespace
+
+TEST_CASE("speculative: the n-gram lookup learns a 1 -> 1 rename from its rejected proposal and proposes the new name") {
+    llm::NgramLookup lookup;
+    Tokens seq = kFunction;  // the output copies the function from 1 on, with 50 renamed 60
+    seq.push_back(1);
+    CHECK(lookup.draft(seq, 3, 16).empty());
+    seq.push_back(2);  // "1 2" as in the prompt: ngram_draft's proposal, the old name included
+    CHECK(lookup.draft(seq, 3, 16) == llm::ngram_draft(seq, 3, 16));
+    seq.insert(seq.end(), {3, 60});  // 3 kept, then the target's 60 instead of 50
+    CHECK(lookup.draft(seq, 3, 16).empty());  // "3 60" occurs nowhere; the divergence is pending
+    CHECK(lookup.substitutions().empty());
+    seq.push_back(4);  // back on the prompt's text after one token each: 50 -> 60
+    // The tail "3 60 4" reads as "3 50 4": the rest of the function follows, the new name in it
+    // (ngram_draft finds no "60 4" anywhere).
+    CHECK(llm::ngram_draft(seq, 3, 16).empty());
+    CHECK(lookup.draft(seq, 3, 16) == Tokens{5, 6, 7, 60, 8, 9, 10, 11, 60, 12, 13, 91});
+    CHECK(lookup.substitutions() == Substitutions{{{50}, {60}}});
+    CHECK(lookup.draft(seq, 3, 4) == Tokens{5, 6, 7, 60});
+    // Over the whole rewrite the lookup carries more of it than the plain lookup.
+    llm::NgramLookup fresh;
+    const Tokens rewrite = {1, 2, 3, 60, 4, 5, 6, 7, 60, 8, 9, 10, 11, 60, 12, 13, 91};
+    CHECK(kept_over(fresh, kFunction, rewrite) == 13);
+    // A shorter sequence is another one: the lookup starts over.
+    CHECK(lookup.draft(Tokens(kFunction.begin(), kFunction.begin() + 4), 3, 16).empty());
+    CHECK(lookup.substitutions().empty());
+}
+
+TEST_CASE("speculative: the n-gram lookup learns a 1 -> 2 rename; a new name at the end reads as its old name") {
+    llm::NgramLookup lookup;
+    Tokens seq = kFunction;  // 50 renamed 60 61
+    seq.push_back(1);
+    CHECK(lookup.draft(seq, 3, 16).empty());
+    seq.push_back(2);
+    CHECK(lookup.draft(seq, 3, 16).at(1) == 50);
+    seq.insert(seq.end(), {3, 60});
+    CHECK(lookup.draft(seq, 3, 16).empty());
+    seq.push_back(61);  // no re-join yet: 61 is neither 4 nor 5 nor 6
+    CHECK(lookup.draft(seq, 3, 16).empty());
+    CHECK(lookup.substitutions().empty());
+    seq.push_back(4);  // 4 two tokens after the divergence, one after it in the prompt
+    CHECK(lookup.draft(seq, 3, 16) == Tokens{5, 6, 7, 60, 61, 8, 9, 10, 11, 60, 61, 12, 13, 91});
+    CHECK(lookup.substitutions() == Substitutions{{{50}, {60, 61}}});
+    // Right after the new name, "6 7 60 61" reads as "6 7 50" (the plain lookup would follow "60 61"
+    // to the 4 after its first occurrence).
+    seq.insert(seq.end(), {5, 6, 7, 60, 61});
+    CHECK(llm::ngram_draft(seq, 3, 16).at(0) == 4);
+    CHECK(lookup.draft(seq, 3, 16) == Tokens{8, 9, 10, 11, 60, 61, 12, 13, 91});
+}
+
+TEST_CASE("speculative: the n-gram lookup learns a rename in tokens it did not propose (a draft model's)") {
+    llm::NgramLookup lookup;
+    Tokens seq = kFunction;
+    seq.push_back(1);
+    CHECK(lookup.draft(seq, 3, 16).empty());
+    // Another drafter's tokens come in one go: the lookup follows them one at a time, proposing after
+    // "1 2" as if alone, sees 60 where the prompt has 50 and 4 re-join.
+    seq.insert(seq.end(), {2, 3, 60, 4});
+    CHECK(lookup.draft(seq, 3, 16) == Tokens{5, 6, 7, 60, 8, 9, 10, 11, 60, 12, 13, 91});
+    CHECK(lookup.substitutions() == Substitutions{{{50}, {60}}});
+}
+
+TEST_CASE("speculative: the n-gram lookup drops a substitution the target rejects twice in a row") {
+    llm::NgramLookup lookup;
+    Tokens seq = kFunction;
+    for (const Tokens& step : {Tokens{1}, Tokens{2}, Tokens{3, 60}, Tokens{4}}) {
+        seq.insert(seq.end(), step.begin(), step.end());
+        lookup.draft(seq, 3, 16);
+    }
+    CHECK(lookup.substitutions() == Substitutions{{{50}, {60}}});
+    seq.insert(seq.end(), {5, 6, 7, 50});  // the proposal's 60 rejected: the old name stays here
+    CHECK(lookup.draft(seq, 3, 16) == Tokens{8, 9, 10, 11, 60, 12, 13, 91});
+    CHECK(lookup.substitutions().size() == 1);
+    seq.insert(seq.end(), {8, 9, 10, 11, 50});  // and again: it goes
+    CHECK(lookup.draft(seq, 3, 16) == llm::ngram_draft(seq, 3, 16));
+    CHECK(lookup.substitutions().empty());
+}
+
+TEST_CASE("speculative: the n-gram lookup keeps its 64 latest substitutions") {
+    // 70 names, each renamed, each between two tokens of its own: every rename is learnt in turn.
+    Tokens prompt, output;
+    for (int32_t i = 0; i < 70; i++) {
+        prompt.insert(prompt.end(), {3000 + i, 3500 + i, 1000 + i, 4000 + i});
+        output.insert(output.end(), {3000 + i, 3500 + i, 2000 + i, 4000 + i});
+    }
+    llm::NgramLookup lookup;
+    // After the first segment the lookup carries each segment's first two tokens (up to the next name).
+    CHECK(kept_over(lookup, prompt, output) == 2 * 69);
+    const Substitutions learnt = lookup.substitutions();
+    REQUIRE(learnt.size() == llm::NgramLookup::kMaxSubstitutions);
+    CHECK(learnt.front() == std::pair<Tokens, Tokens>{{1005}, {2005}});  // 1000..1004 went first
+    CHECK(learnt.back() == std::pair<Tokens, Tokens>{{1068}, {2068}});   // 1069's re-join is the last token
+}
+
 TEST_CASE("speculative: a draft model beside its target shares its thread pool and drafts the target's greedy text") {
     auto target = llm::Model::load(golden("tiny-llama-F16.gguf"));
     auto other = llm::Model::load(golden("tiny-qwen2-F16.gguf"));
