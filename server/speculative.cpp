@@ -59,6 +59,7 @@ std::vector<int32_t> Speculator::draft(int seq, const std::vector<int32_t>& toke
         s.skip--;
         model_now = false;
     }
+    if (model_now && lookup_outruns_model(s, (int)out.size(), base)) model_now = false;  // it sits this step out
     if (model_now) {  // it checks the lookup's proposal if there is one
         std::vector<int32_t> by_model = model_draft(s, seq, tokens, capped, n_batch, base, proposal);
         if (!by_model.empty() && !out.empty()) {  // the lookup's proposal is checked against what follows
@@ -99,6 +100,17 @@ std::vector<int32_t> Speculator::ngram_draft(Sequence& s, const std::vector<int3
     out.resize(k);
     s.last = Source::Ngram;
     return out;
+}
+
+// With both drafters: whether the lookup's draft (k tokens, as the cost model cut it) is expected to
+// make more tokens per ms alone than the draft model's calls have made so far (their measured yield
+// and time, a checked proposal's tokens included). Then the draft model is not called this step: on a
+// copied stretch (a rewrite's renames learnt) its check is one more batch for tokens the lookup has
+// already; its cache catches up on its next call.
+bool Speculator::lookup_outruns_model(const Sequence& s, int k, int base) const {
+    if (!o_.backoff || !s.model_tried || k == 0 || !cost_.measured()) return false;
+    const double lookup_rate = cost_.rate(llm::DraftCost::expected_kept(s.ngram_acceptance(), k), k, 0, base);
+    return lookup_rate >= cost_.rate(s.model_kept, s.model_drafted, s.model_ms, base);
 }
 
 // The draft model's draft, checking the lookup's proposal in one batch when there is one. The tokens it

@@ -11,7 +11,8 @@
 // costs its decodes: while its measured yield per call does not pay for them and the verification, the
 // sequence skips it for 1, 2, 4 .. 32 steps and then tries again (its cache catches up in one batch);
 // when the try after 32 skipped steps fails too, the sequence gives up on it (its catch-ups would cost
-// more than its drafts yield). With both drafters it checks the lookup's proposal in one batch.
+// more than its drafts yield). With both drafters it checks the lookup's proposal in one batch, unless the
+// lookup's draft alone is expected to make more tokens per ms (then the draft model sits the step out).
 #pragma once
 #include <memory>
 #include <vector>
@@ -77,6 +78,7 @@ private:
     std::vector<int32_t> model_draft(Sequence& s, int seq, const std::vector<int32_t>& tokens, const llm::DraftParams& p, int n_batch, int base,
                                      const std::vector<int32_t>& proposal);
     void record_model_call(Sequence& s, int n_drafted, int n_kept);
+    bool lookup_outruns_model(const Sequence& s, int k, int base) const;
     const SpecOptions o_;
     std::unique_ptr<llm::Model> model_;
     std::unique_ptr<llm::DraftModel> draft_;
