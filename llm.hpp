@@ -14035,21 +14035,24 @@ struct KVCache {
 
 // ---- Ops -----------------------------------------------------------------------------------
 // y = x / rms(x) * w for n rows of `dim` values spaced `stride` apart (sum of squares in double, as
-// the reference).
-void rms_norm(float* data, const TensorInfo* w, float eps, int n, int64_t dim, int64_t stride = 0) {
+// the reference). The rows are split over the threads: a prefill's norms (gemma3: six per layer, per
+// head for q and k) are serial chains of double additions, too long for one thread.
+void rms_norm(ThreadPool& pool, float* data, const TensorInfo* w, float eps, int n, int64_t dim, int64_t stride = 0) {
     if (stride == 0) stride = dim;
     const float* wt = (const float*)w->data;
-    for (int i = 0; i < n; i++) {
-        float* r = data + i * stride;
-        double sum = 0;
-        for (int64_t j = 0; j < dim; j++) sum += (double)r[j] * r[j];
-        const float scale = 1.0f / std::sqrt((float)(sum / dim) + eps);
-        for (int64_t j = 0; j < dim; j++) r[j] = r[j] * scale * wt[j];
-    }
+    pool.parallel_for(n, std::max<int64_t>(1, 16384 / dim), [&](int64_t b, int64_t e, int) {
+        for (int64_t i = b; i < e; i++) {
+            float* r = data + i * stride;
+            double sum = 0;
+            for (int64_t j = 0; j < dim; j++) sum += (double)r[j] * r[j];
+            const float scale = 1.0f / std::sqrt((float)(sum / dim) + eps);
+            for (int64_t j = 0; j < dim; j++) r[j] = r[j] * scale * wt[j];
+        }
+    });
 }
-void rms_norm_to(const float* in, const TensorInfo* w, float eps, int n, int64_t dim, float* out) {
+void rms_norm_to(ThreadPool& pool, const float* in, const TensorInfo* w, float eps, int n, int64_t dim, float* out) {
     std::copy(in, in + n * dim, out);
-    rms_norm(out, w, eps, n, dim);
+    rms_norm(pool, out, w, eps, n, dim);
 }
 
 // In-place orthonormal Walsh-Hadamard transform of every block of n values (n a power of two):
@@ -14093,15 +14096,63 @@ void scatter(const float* src, int n, int64_t stride, int64_t offset, int64_t wi
 int attention_end(const Batch& batch, int i) { return batch.attn_end.empty() ? batch.pos[i] + 1 : batch.attn_end[i]; }
 
 // The activations: GELU as ggml computes it (FFNs of gemma3 and bert), SiLU (the others).
-float gelu(float x) {
-    // ggml evaluates GELU (tanh form) through an f16 table: round the input and the output to f16.
-    if (x <= -10.0f) return 0.0f;
-    if (x >= 10.0f) return x;
-    const float xh = fp16_to_fp32(fp32_to_fp16(x));
+// ggml evaluates GELU (tanh form) through an f16 table: the input rounded to f16, the output too.
+float gelu_of_f16(float xh) {
     const float y = 0.5f * xh * (1.0f + std::tanh(0.79788456080286535588f * xh * (1.0f + 0.044715f * xh * xh)));
     return fp16_to_fp32(fp32_to_fp16(y));
 }
+float gelu(float x) {
+    if (x <= -10.0f) return 0.0f;
+    if (x >= 10.0f) return x;
+    return gelu_of_f16(fp16_to_fp32(fp32_to_fp16(x)));
+}
 float silu(float x) { return x / (1.0f + std::exp(-x)); }
+
+// That table (gelu_of_f16 of each of the 65536 f16 values, indexed by their bits), built on first use,
+// so the SIMD path gathers what gelu computes instead of calling tanh per value.
+const float* gelu_table() {
+    static const std::vector<float> table = [] {
+        std::vector<float> t(65536);
+        for (uint32_t h = 0; h < 65536; h++) t[h] = gelu_of_f16(fp16_to_fp32((uint16_t)h));
+        return t;
+    }();
+    return table.data();
+}
+
+// x[i] = gelu(x[i]) * up[i] (times 1 where up is null), the reference path.
+void gelu_times_scalar(float* x, const float* up, int64_t n) {
+    for (int64_t i = 0; i < n; i++) x[i] = gelu(x[i]) * (up ? up[i] : 1.0f);
+}
+
+namespace qimpl {
+#ifdef LLM_X86
+// gelu_times_scalar, eight values at a time: F16C rounds them (to nearest even, as fp32_to_fp16), a
+// gather reads the table, the two clamps of gelu are blends. Bit-identical to the scalar path.
+LLM_AVX2_FN void gelu_times_avx2(float* x, const float* up, int64_t n) {
+    const float* table = gelu_table();
+    const __m256 low = _mm256_set1_ps(-10.0f), high = _mm256_set1_ps(10.0f);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 v = _mm256_loadu_ps(x + i);
+        const __m256i bits = _mm256_cvtepu16_epi32(_mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+        __m256 g = _mm256_i32gather_ps(table, bits, 4);
+        g = _mm256_blendv_ps(g, v, _mm256_cmp_ps(v, high, _CMP_GE_OQ));
+        g = _mm256_andnot_ps(_mm256_cmp_ps(v, low, _CMP_LE_OQ), g);
+        if (up) g = _mm256_mul_ps(g, _mm256_loadu_ps(up + i));
+        _mm256_storeu_ps(x + i, g);
+    }
+    gelu_times_scalar(x + i, up ? up + i : nullptr, n - i);
+}
+#endif
+}  // namespace qimpl
+
+// x = gelu(x) * up (up null: x = gelu(x)); the table's SIMD gather above the scalar tier.
+void gelu_times(float* x, const float* up, int64_t n) {
+#ifdef LLM_X86
+    if (isa_current() != Isa::Scalar) return qimpl::gelu_times_avx2(x, up, n);
+#endif
+    gelu_times_scalar(x, up, n);
+}
 
 // Row `row` of an embedding table as f32 (a token embedding tied to the output may have been repacked).
 void embedding_row(const TensorInfo* t, int64_t row, float* out) {
@@ -14224,7 +14275,7 @@ struct Attention {
     MatMuls& matmul;
     std::vector<float> q, k, v;  // a batch's queries (n x n_head x head_dim_k) and keys and values as cached
     std::vector<float> attn;     // the heads' outputs before wo (n x n_head x head_dim_v)
-    std::vector<float> rope_cs;  // cos/sin pairs at one position
+    std::vector<float> rope_cs;  // cos/sin pairs at one position, one set per thread
     std::vector<std::vector<float>> thread_scores;    // each thread's scores and dequantized rows
     std::vector<std::vector<uint8_t>> thread_queries;  // each thread's queries in the cache's dot-product type
     // MLA: the projected query and [latent | rope] row, the query's low-rank step, the per-head
@@ -14249,13 +14300,18 @@ struct Attention {
     }
 
     // Rotates n_rot dims starting at `offset` of each head; head h of token i starts at
-    // data + (i * n_heads + h) * head_stride.
+    // data + (i * n_heads + h) * head_stride. The tokens are split over the threads (a token's
+    // angles, a cos and a sin per pair, cost more than its rotations).
     void rope(float* data, int n, int n_heads, int64_t head_stride, int offset, const int32_t* pos, float base) {
-        rope_cs.resize(model.hp.n_rot);
-        for (int i = 0; i < n; i++) {
-            rope_angles(pos[i], base, rope_cs.data());
-            for (int h = 0; h < n_heads; h++) rotate_pairs(data + ((int64_t)i * n_heads + h) * head_stride + offset, rope_cs.data());
-        }
+        const int n_rot = model.hp.n_rot;
+        rope_cs.resize((size_t)pool.size() * n_rot);
+        pool.parallel_for(n, 8, [&](int64_t b, int64_t e, int thread) {
+            float* cs = rope_cs.data() + (size_t)thread * n_rot;
+            for (int64_t i = b; i < e; i++) {
+                rope_angles(pos[i], base, cs);
+                for (int h = 0; h < n_heads; h++) rotate_pairs(data + (i * n_heads + h) * head_stride + offset, cs);
+            }
+        });
     }
 
     // One head's n_rot dims rotated by the cos/sin pairs cs (the model's pairing: adjacent or halves).
@@ -14403,8 +14459,8 @@ struct Attention {
         add_bias(k.data(), L.bk, n);
         add_bias(v.data(), L.bv, n);
         if (L.q_norm) {
-            rms_norm(q.data(), L.q_norm, hp.norm_eps, n * hp.n_head, hp.head_dim_k);
-            rms_norm(k.data(), L.k_norm, hp.norm_eps, n * hp.n_head_kv, hp.head_dim_k);
+            rms_norm(pool, q.data(), L.q_norm, hp.norm_eps, n * hp.n_head, hp.head_dim_k);
+            rms_norm(pool, k.data(), L.k_norm, hp.norm_eps, n * hp.n_head_kv, hp.head_dim_k);
         }
         const float base = hp.swa_layer[il] ? hp.rope_base_swa : hp.rope_base;
         if (hp.use_rope) {
@@ -14436,14 +14492,14 @@ struct Attention {
         if (L.wq_a) {
             q_lora.resize((size_t)n * hp.q_lora_rank);
             matmul({{L.wq_a, in, n, q_lora.data()}, {L.wkv_a, in, n, kv_a.data()}});
-            rms_norm(q_lora.data(), L.q_a_norm, hp.norm_eps, n, hp.q_lora_rank);
+            rms_norm(pool, q_lora.data(), L.q_a_norm, hp.norm_eps, n, hp.q_lora_rank);
             matmul({{L.wq_b, q_lora.data(), n, q_proj.data()}});
         } else {
             matmul({{L.wq, in, n, q_proj.data()}, {L.wkv_a, in, n, kv_a.data()}});
         }
         rope(q_proj.data(), n, n_head, qh, nope, batch.pos.data(), hp.rope_base);
         rope(kv_a.data(), n, 1, row, rank, batch.pos.data(), hp.rope_base);
-        rms_norm(kv_a.data(), L.kv_a_norm, hp.norm_eps, n, rank, row);
+        rms_norm(pool, kv_a.data(), L.kv_a_norm, hp.norm_eps, n, rank, row);
         for (int i = 0; i < n; i++) {
             std::copy(kv_a.data() + i * row + rank, kv_a.data() + (i + 1) * row, k.data() + i * row);
             std::copy(kv_a.data() + i * row, kv_a.data() + i * row + rank, k.data() + i * row + rot);
@@ -14500,7 +14556,8 @@ struct Ffn {
     void gated_activation(float* gate, const float* up, int64_t count) {
         const bool use_gelu = model.hp.arch == Arch::Gemma3;
         pool.parallel_for(count, 16384, [&](int64_t b, int64_t e, int) {
-            for (int64_t j = b; j < e; j++) gate[j] = (use_gelu ? gelu(gate[j]) : silu(gate[j])) * up[j];
+            if (use_gelu) return gelu_times(gate + b, up + b, e - b);
+            for (int64_t j = b; j < e; j++) gate[j] = silu(gate[j]) * up[j];
         });
     }
 
@@ -14610,7 +14667,7 @@ struct Ffn {
         matmul({{L.ffn_up, xin, n, up_out.data()}});
         add_bias(up_out.data(), L.ffn_up_b, n);
         pool.parallel_for(n * n_ff, 16384, [&](int64_t b, int64_t e, int) {
-            for (int64_t j = b; j < e; j++) up_out[j] = gelu(up_out[j]);
+            gelu_times(up_out.data() + b, nullptr, e - b);
         });
         matmul({{L.ffn_down, up_out.data(), n, out}});
         add_bias(out, L.ffn_down_b, n);
@@ -14830,16 +14887,16 @@ struct Context::Impl {
         const HParams& hp = model.hp;
         const LayerWeights& L = model.layers[il];
         const int64_t n_embd = hp.n_embd;
-        rms_norm_to(x.data(), L.attn_norm, hp.norm_eps, n, n_embd, cur.data());
+        rms_norm_to(pool, x.data(), L.attn_norm, hp.norm_eps, n, n_embd, cur.data());
         if (hp.mla) attention.mla(il, batch, cur.data(), n, sublayer_out.data());
         else attention.gqa(il, batch, cur.data(), n, sublayer_out.data());
-        if (L.post_attn_norm) rms_norm(sublayer_out.data(), L.post_attn_norm, hp.norm_eps, n, n_embd);
+        if (L.post_attn_norm) rms_norm(pool, sublayer_out.data(), L.post_attn_norm, hp.norm_eps, n, n_embd);
         for (int64_t j = 0; j < n * n_embd; j++) x[j] += sublayer_out[j];
 
-        rms_norm_to(x.data(), L.ffn_norm, hp.norm_eps, n, n_embd, cur.data());
+        rms_norm_to(pool, x.data(), L.ffn_norm, hp.norm_eps, n, n_embd, cur.data());
         if (L.gate_inp) ffn.moe(L, cur.data(), n, sublayer_out.data());
         else ffn.dense(L.ffn_gate, L.ffn_up, L.ffn_down, cur.data(), n, sublayer_out.data());
-        if (L.post_ffn_norm) rms_norm(sublayer_out.data(), L.post_ffn_norm, hp.norm_eps, n, n_embd);
+        if (L.post_ffn_norm) rms_norm(pool, sublayer_out.data(), L.post_ffn_norm, hp.norm_eps, n, n_embd);
         for (int64_t j = 0; j < n * n_embd; j++) x[j] += sublayer_out[j];
     }
 
@@ -14864,7 +14921,7 @@ struct Context::Impl {
         for (int i = 0; i < n; i++) kv.seq_len[batch.seq[i]] = batch.pos[i] + 1;
         if (params.embeddings) {  // a decoder as an embedder: its final-norm hidden states
             n_logits = 0;
-            rms_norm_to(x.data(), m.output_norm, hp.norm_eps, n, E, cur.data());
+            rms_norm_to(pool, x.data(), m.output_norm, hp.norm_eps, n, E, cur.data());
             embeddings.store(batch, cur.data());
             return;
         }
@@ -14873,7 +14930,7 @@ struct Context::Impl {
         // Output: only the rows that asked for logits.
         for (int j = 0; j < n_logits; j++)
             std::copy(x.begin() + logit_rows[j] * E, x.begin() + (logit_rows[j] + 1) * E, x.begin() + j * E);
-        rms_norm_to(x.data(), m.output_norm, hp.norm_eps, n_logits, E, cur.data());
+        rms_norm_to(pool, x.data(), m.output_norm, hp.norm_eps, n_logits, E, cur.data());
         if (head.ne[1] < hp.n_vocab) head_logits();
         else matmul({{m.output, cur.data(), n_logits, logits.data()}});
     }

@@ -567,6 +567,52 @@ TEST_CASE("quants: attention score kernels equal matmul_rows on every tier, seve
     }
 }
 
+namespace llm {  // the activations (implementation section)
+float gelu(float x);
+void gelu_times(float* x, const float* up, int64_t n);
+}
+
+TEST_CASE("quants: GELU through the f16 table equals the scalar gelu bit for bit on every tier") {
+    IsaGuard guard;
+    // Every f16 value but the NaNs, the floats next to the clamps at -10 and 10 (some round to them in
+    // f16), random ones between f16 values; an odd count, so the vector loops' tails run too.
+    std::vector<uint16_t> halves(65536);
+    for (uint32_t h = 0; h < 65536; h++) halves[h] = (uint16_t)h;
+    std::vector<float> all_halves(65536), x;
+    llm::dequantize_row(Type::F16, (const uint8_t*)halves.data(), all_halves.data(), 65536);
+    for (float v : all_halves)
+        if (!std::isnan(v)) x.push_back(v);
+    for (float edge : {-10.0f, 10.0f}) {
+        float below = edge, above = edge;
+        for (int i = 0; i < 4; i++) x.push_back(below = std::nextafter(below, 0.0f)), x.push_back(above = std::nextafter(above, 2 * edge));
+        x.push_back(edge - 0.004f), x.push_back(edge + 0.004f);
+    }
+    std::mt19937 rng(5);
+    std::uniform_real_distribution<float> wide(-12.0f, 12.0f);
+    for (int i = 0; i < 10001; i++) x.push_back(wide(rng));
+    std::vector<float> up(x.size());
+    for (float& u : up) u = wide(rng);
+    CHECK(llm::gelu(1.0f) == doctest::Approx(0.8412f).epsilon(1e-3));  // 0.5 (1 + tanh(0.7979 * 1.0447))
+    CHECK(llm::gelu(-1.0f) == doctest::Approx(-0.1588f).epsilon(1e-3));
+    CHECK(llm::gelu(-10.0f) == 0.0f);
+    CHECK(llm::gelu(12.5f) == 12.5f);
+    for (llm::Isa isa : supported_isas()) {
+        CAPTURE(llm::isa_name(isa));
+        llm::isa_set(isa);
+        for (bool with_up : {false, true}) {
+            CAPTURE(with_up);
+            std::vector<float> got = x;
+            llm::gelu_times(got.data(), with_up ? up.data() : nullptr, (int64_t)got.size());
+            size_t bad = 0;
+            for (size_t i = 0; i < x.size(); i++) {
+                const float want = llm::gelu(x[i]) * (with_up ? up[i] : 1.0f);
+                bad += memcmp(&got[i], &want, sizeof want) != 0;
+            }
+            CHECK(bad == 0);
+        }
+    }
+}
+
 TEST_CASE("quants: isa_set rejects what the CPU lacks") {
     IsaGuard guard;
     CHECK_NOTHROW(llm::isa_set(llm::Isa::Scalar));
