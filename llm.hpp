@@ -17514,7 +17514,7 @@ void NgramLookup::follow(const std::vector<int32_t>& tokens, int ngram_n, int n_
             }
         }
         resolve_divergence(tokens, followed_ + 1);
-        propose(tokens, followed_ + 1, ngram_n, n_max);
+        if (followed_ + 1 < tokens.size()) propose(tokens, followed_ + 1, ngram_n, n_max);  // after the last: draft() proposes
     }
 }
 
