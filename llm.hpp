@@ -2626,7 +2626,7 @@ struct NoTail {
 // 32-value blocks (Q4_0 .. IQ4_NL): the quants become 32 bytes. Signed types keep |q| and q (whose
 // signs are moved onto the activations); affine types (Q4_1, Q5_1) keep unsigned q and a min.
 template <class B, class Act, bool Affine>
-struct K32 : NoTail {
+struct Block32 : NoTail {
     using X = B; using Y = Act; static constexpr int kBlock = 32;
     static constexpr bool kActScales = true;
     struct D { __m256i q, sign; __m256 d; float m; };  // d: the block scale in every lane
@@ -2649,31 +2649,31 @@ struct K32 : NoTail {
         if constexpr (Affine) macc += d.m * s[nb];
     }
 };
-struct K_q4_0 : K32<block_q4_0, block_q8_0, false> {
+struct K_q4_0 : Block32<block_q4_0, block_q8_0, false> {
     static LLM_AVX2_INLINE D decode(const X* x) {
         return signed_block(_mm256_sub_epi8(nibbles32(x->qs), _mm256_set1_epi8(8)), x->d);
     }
 };
-struct K_q4_1 : K32<block_q4_1, block_q8_1, true> {
+struct K_q4_1 : Block32<block_q4_1, block_q8_1, true> {
     static LLM_AVX2_INLINE D decode(const X* x) { return affine_block(nibbles32(x->qs), x->d, x->m); }
 };
-struct K_q5_0 : K32<block_q5_0, block_q8_0, false> {
+struct K_q5_0 : Block32<block_q5_0, block_q8_0, false> {
     static LLM_AVX2_INLINE D decode(const X* x) {
         // a clear fifth bit means value - 16 < 0: set the byte's high nibble to make it negative
         const __m256i hi = _mm256_andnot_si256(bits32(x->qh), _mm256_set1_epi8((char)0xF0));
         return signed_block(_mm256_or_si256(nibbles32(x->qs), hi), x->d);
     }
 };
-struct K_q5_1 : K32<block_q5_1, block_q8_1, true> {
+struct K_q5_1 : Block32<block_q5_1, block_q8_1, true> {
     static LLM_AVX2_INLINE D decode(const X* x) {
         const __m256i hi = _mm256_and_si256(bits32(x->qh), _mm256_set1_epi8(0x10));
         return affine_block(_mm256_or_si256(nibbles32(x->qs), hi), x->d, x->m);
     }
 };
-struct K_q8_0 : K32<block_q8_0, block_q8_0, false> {
+struct K_q8_0 : Block32<block_q8_0, block_q8_0, false> {
     static LLM_AVX2_INLINE D decode(const X* x) { return signed_block(load256(x->qs), x->d); }
 };
-struct K_iq4_nl : K32<block_iq4_nl, block_q8_0, false> {
+struct K_iq4_nl : Block32<block_iq4_nl, block_q8_0, false> {
     static LLM_AVX2_INLINE D decode(const X* x) {
         const __m128i values = _mm_loadu_si128((const __m128i*)kIQ4NLValues);
         const __m128i q4 = _mm_loadu_si128((const __m128i*)x->qs), m4 = _mm_set1_epi8(0x0F);
@@ -2688,7 +2688,7 @@ struct K_iq4_nl : K32<block_iq4_nl, block_q8_0, false> {
 // block's 16-value sums (bsums). The mins either are subtracted in float with their own factor
 // (Q2_K, Q4_K, Q5_K: dmin) or, for types stored with an offset (Q3_K +4, Q6_K +32), are the scales
 // themselves and come off the integer sum shifted by log2(offset).
-struct DK {
+struct UnpackedKQuant {
     __m256i q[8], sc[8], mins;
     __m256 vd, vdmin;  // d and dmin in every lane
 };
@@ -2696,14 +2696,14 @@ LLM_AVX2_INLINE __m256i shr_mask(__m256i v, int shift, char mask) {
     return _mm256_and_si256(_mm256_srli_epi16(v, shift), _mm256_set1_epi8(mask));
 }
 // Scales from 16 int16 values, one per 16-value half.
-LLM_AVX2_INLINE void scales16(DK& d, const int16_t* sc16) {
+LLM_AVX2_INLINE void scales16(UnpackedKQuant& d, const int16_t* sc16) {
     for (int k = 0; k < 8; k++) d.sc[k] = _mm256_set_m128i(_mm_set1_epi16(sc16[2 * k + 1]), _mm_set1_epi16(sc16[2 * k]));
 }
 
 template <int OffsetShift>  // 0: float mins; else the integer offset 2^OffsetShift
 struct KQuant : NoTail {
     using Y = block_q8_K; static constexpr int kBlock = QK_K;
-    using D = DK;
+    using D = UnpackedKQuant;
     template <class Ops>
     static LLM_AVX2_INLINE void dot(const D& d, const Y* y, const float*, int64_t, __m256& acc, float&) {
         __m256i sumi = _mm256_setzero_si256();
@@ -13500,30 +13500,30 @@ static std::vector<TensorInfo> slice_views(const TensorInfo* t, int64_t count, i
 // in place. The transpose is stored in f32 (f16 for 16-bit sources: exact).
 static void split_legacy_kv_b(Model& m, LayerWeights& L, const TensorInfo* kv_b) {
     const HParams& hp = m.hp;
-    const int64_t R = hp.kv_lora_rank, nope = hp.qk_nope, vd = hp.v_head_dim, per_head = nope + vd;
+    const int64_t kv_lora = hp.kv_lora_rank, nope = hp.qk_nope, vd = hp.v_head_dim, per_head = nope + vd;
     const Type t = kv_b->type == Type::F16 ? Type::F16 : Type::F32;
-    std::vector<uint8_t> buf(row_bytes(t, nope) * R * hp.n_head);
+    std::vector<uint8_t> buf(row_bytes(t, nope) * kv_lora * hp.n_head);
     std::vector<float> col(nope);
     TensorInfo kb;
     kb.name = kv_b->name + ".k_b";
     kb.type = t;
     kb.n_dims = 3;
     kb.ne[0] = nope;
-    kb.ne[1] = R;
+    kb.ne[1] = kv_lora;
     kb.ne[2] = hp.n_head;
     kb.nbytes = buf.size();
-    const size_t src_row = row_bytes(kv_b->type, R);
-    std::vector<float> k_rows(nope * R);
+    const size_t src_row = row_bytes(kv_b->type, kv_lora);
+    std::vector<float> k_rows(nope * kv_lora);
     for (int h = 0; h < hp.n_head; h++) {
-        for (int64_t i = 0; i < nope; i++) dequantize_row(kv_b->type, kv_b->data + src_row * (h * per_head + i), &k_rows[i * R], R);
-        for (int64_t r = 0; r < R; r++) {
-            for (int64_t i = 0; i < nope; i++) col[i] = k_rows[i * R + r];
-            quantize_row(t, col.data(), buf.data() + row_bytes(t, nope) * (h * R + r), nope);
+        for (int64_t i = 0; i < nope; i++) dequantize_row(kv_b->type, kv_b->data + src_row * (h * per_head + i), &k_rows[i * kv_lora], kv_lora);
+        for (int64_t r = 0; r < kv_lora; r++) {
+            for (int64_t i = 0; i < nope; i++) col[i] = k_rows[i * kv_lora + r];
+            quantize_row(t, col.data(), buf.data() + row_bytes(t, nope) * (h * kv_lora + r), nope);
         }
     }
     m.derived.push_back(std::move(buf));
     kb.data = m.derived.back().data();
-    L.k_b = slice_views(&kb, hp.n_head, R);
+    L.k_b = slice_views(&kb, hp.n_head, kv_lora);
     for (int h = 0; h < hp.n_head; h++) {
         TensorInfo v = slice_view(*kv_b, 0, vd);
         v.data = kv_b->data + src_row * (h * per_head + nope);
@@ -13536,38 +13536,38 @@ static void split_legacy_kv_b(Model& m, LayerWeights& L, const TensorInfo* kv_b)
 static void bind_tensors_bert(Model& m) {
     const HParams& hp = m.hp;
     TensorBinder b{*m.gguf};
-    const int64_t E = hp.n_embd, V = hp.n_vocab, F = hp.n_ff;
-    m.tok_embd = b.get("token_embd.weight", {E, V});
-    m.tok_types = b.get("token_types.weight", {E, hp.n_token_types}, false);
-    m.pos_embd = b.get("position_embd.weight", {E, hp.n_ctx_train});
-    m.tok_norm = b.get("token_embd_norm.weight", {E});
-    m.tok_norm_b = b.get("token_embd_norm.bias", {E});
+    const int64_t n_embd = hp.n_embd, n_vocab = hp.n_vocab, n_ff = hp.n_ff;
+    m.tok_embd = b.get("token_embd.weight", {n_embd, n_vocab});
+    m.tok_types = b.get("token_types.weight", {n_embd, hp.n_token_types}, false);
+    m.pos_embd = b.get("position_embd.weight", {n_embd, hp.n_ctx_train});
+    m.tok_norm = b.get("token_embd_norm.weight", {n_embd});
+    m.tok_norm_b = b.get("token_embd_norm.bias", {n_embd});
     // The classifier's output sizes are whatever the file has (labels; the dense layer's width).
     auto rows = [&](const char* name) { const TensorInfo* t = m.gguf->tensor(name); return t ? t->ne[1] : 1; };
-    m.cls = b.get("cls.weight", {E, rows("cls.weight")}, false);
+    m.cls = b.get("cls.weight", {n_embd, rows("cls.weight")}, false);
     m.cls_b = m.cls ? b.get("cls.bias", {m.cls->ne[1]}, false) : nullptr;
-    m.cls_out = b.get("cls.output.weight", {m.cls ? m.cls->ne[1] : E, rows("cls.output.weight")}, false);
+    m.cls_out = b.get("cls.output.weight", {m.cls ? m.cls->ne[1] : n_embd, rows("cls.output.weight")}, false);
     m.cls_out_b = m.cls_out ? b.get("cls.output.bias", {m.cls_out->ne[1]}, false) : nullptr;
     m.layers.resize(hp.n_layer);
     for (int il = 0; il < hp.n_layer; il++) {
         LayerWeights& L = m.layers[il];
         auto name = [&](const char* n) { return "blk." + std::to_string(il) + "." + n; };
-        L.wq = b.get(name("attn_q.weight"), {E, E});
-        L.wk = b.get(name("attn_k.weight"), {E, E});
-        L.wv = b.get(name("attn_v.weight"), {E, E});
-        L.bq = b.get(name("attn_q.bias"), {E});
-        L.bk = b.get(name("attn_k.bias"), {E});
-        L.bv = b.get(name("attn_v.bias"), {E});
-        L.wo = b.get(name("attn_output.weight"), {E, E});
-        L.bo = b.get(name("attn_output.bias"), {E});
-        L.attn_out_norm = b.get(name("attn_output_norm.weight"), {E});
-        L.attn_out_norm_b = b.get(name("attn_output_norm.bias"), {E});
-        L.ffn_up = b.get(name("ffn_up.weight"), {E, F});
-        L.ffn_up_b = b.get(name("ffn_up.bias"), {F});
-        L.ffn_down = b.get(name("ffn_down.weight"), {F, E});
-        L.ffn_down_b = b.get(name("ffn_down.bias"), {E});
-        L.out_norm = b.get(name("layer_output_norm.weight"), {E});
-        L.out_norm_b = b.get(name("layer_output_norm.bias"), {E});
+        L.wq = b.get(name("attn_q.weight"), {n_embd, n_embd});
+        L.wk = b.get(name("attn_k.weight"), {n_embd, n_embd});
+        L.wv = b.get(name("attn_v.weight"), {n_embd, n_embd});
+        L.bq = b.get(name("attn_q.bias"), {n_embd});
+        L.bk = b.get(name("attn_k.bias"), {n_embd});
+        L.bv = b.get(name("attn_v.bias"), {n_embd});
+        L.wo = b.get(name("attn_output.weight"), {n_embd, n_embd});
+        L.bo = b.get(name("attn_output.bias"), {n_embd});
+        L.attn_out_norm = b.get(name("attn_output_norm.weight"), {n_embd});
+        L.attn_out_norm_b = b.get(name("attn_output_norm.bias"), {n_embd});
+        L.ffn_up = b.get(name("ffn_up.weight"), {n_embd, n_ff});
+        L.ffn_up_b = b.get(name("ffn_up.bias"), {n_ff});
+        L.ffn_down = b.get(name("ffn_down.weight"), {n_ff, n_embd});
+        L.ffn_down_b = b.get(name("ffn_down.bias"), {n_embd});
+        L.out_norm = b.get(name("layer_output_norm.weight"), {n_embd});
+        L.out_norm_b = b.get(name("layer_output_norm.bias"), {n_embd});
     }
 }
 
@@ -13575,10 +13575,10 @@ static void bind_tensors(Model& m) {
     const HParams& hp = m.hp;
     if (hp.arch == Arch::Bert) return bind_tensors_bert(m);
     TensorBinder b{*m.gguf};
-    const int64_t E = hp.n_embd, V = hp.n_vocab, F = hp.n_ff, H = hp.n_head;
-    m.tok_embd = b.get("token_embd.weight", {E, V});
-    m.output_norm = b.get("output_norm.weight", {E});
-    m.output = b.get("output.weight", {E, V}, false);
+    const int64_t n_embd = hp.n_embd, n_vocab = hp.n_vocab, n_ff = hp.n_ff, n_head = hp.n_head;
+    m.tok_embd = b.get("token_embd.weight", {n_embd, n_vocab});
+    m.output_norm = b.get("output_norm.weight", {n_embd});
+    m.output = b.get("output.weight", {n_embd, n_vocab}, false);
     if (!m.output) m.output = m.tok_embd;  // tied embeddings
     m.rope_freqs = b.get("rope_freqs.weight", {hp.n_rot / 2}, false);
     const bool qk_norm = hp.arch == Arch::Qwen3 || hp.arch == Arch::Gemma3 || hp.arch == Arch::Qwen3Moe;
@@ -13587,59 +13587,59 @@ static void bind_tensors(Model& m) {
     for (int il = 0; il < hp.n_layer; il++) {
         LayerWeights& L = m.layers[il];
         auto name = [&](const char* n) { return "blk." + std::to_string(il) + "." + n; };
-        L.attn_norm = b.get(name("attn_norm.weight"), {E});
+        L.attn_norm = b.get(name("attn_norm.weight"), {n_embd});
         if (hp.mla) {
-            const int64_t R = hp.kv_lora_rank, QK = hp.qk_nope + hp.n_rot;
+            const int64_t kv_lora = hp.kv_lora_rank, qk_dim = hp.qk_nope + hp.n_rot;
             if (hp.q_lora_rank > 0) {
-                L.wq_a = b.get(name("attn_q_a.weight"), {E, hp.q_lora_rank});
+                L.wq_a = b.get(name("attn_q_a.weight"), {n_embd, hp.q_lora_rank});
                 L.q_a_norm = b.get(name("attn_q_a_norm.weight"), {hp.q_lora_rank});
-                L.wq_b = b.get(name("attn_q_b.weight"), {hp.q_lora_rank, H * QK});
+                L.wq_b = b.get(name("attn_q_b.weight"), {hp.q_lora_rank, n_head * qk_dim});
             } else {
-                L.wq = b.get(name("attn_q.weight"), {E, H * QK});
+                L.wq = b.get(name("attn_q.weight"), {n_embd, n_head * qk_dim});
             }
-            L.wkv_a = b.get(name("attn_kv_a_mqa.weight"), {E, R + hp.n_rot});
-            L.kv_a_norm = b.get(name("attn_kv_a_norm.weight"), {R});
-            if (const TensorInfo* kv_b = b.get(name("attn_kv_b.weight"), {R, H * (hp.qk_nope + hp.v_head_dim)}, false)) {
+            L.wkv_a = b.get(name("attn_kv_a_mqa.weight"), {n_embd, kv_lora + hp.n_rot});
+            L.kv_a_norm = b.get(name("attn_kv_a_norm.weight"), {kv_lora});
+            if (const TensorInfo* kv_b = b.get(name("attn_kv_b.weight"), {kv_lora, n_head * (hp.qk_nope + hp.v_head_dim)}, false)) {
                 split_legacy_kv_b(m, L, kv_b);
             } else {
-                L.k_b = slice_views(b.get(name("attn_k_b.weight"), {hp.qk_nope, R, H}), H, R);
-                L.v_b = slice_views(b.get(name("attn_v_b.weight"), {R, hp.v_head_dim, H}), H, hp.v_head_dim);
+                L.k_b = slice_views(b.get(name("attn_k_b.weight"), {hp.qk_nope, kv_lora, n_head}), n_head, kv_lora);
+                L.v_b = slice_views(b.get(name("attn_v_b.weight"), {kv_lora, hp.v_head_dim, n_head}), n_head, hp.v_head_dim);
             }
-            L.wo = b.get(name("attn_output.weight"), {H * hp.v_head_dim, E});
+            L.wo = b.get(name("attn_output.weight"), {n_head * hp.v_head_dim, n_embd});
         } else {
-            const int64_t QD = H * hp.head_dim_k, KD = hp.n_embd_k_gqa(), VD = hp.n_embd_v_gqa();
-            L.wq = b.get(name("attn_q.weight"), {E, QD});
-            L.wk = b.get(name("attn_k.weight"), {E, KD});
-            L.wv = b.get(name("attn_v.weight"), {E, VD});
-            L.wo = b.get(name("attn_output.weight"), {H * hp.head_dim_v, E});
-            L.bq = b.get(name("attn_q.bias"), {QD}, qkv_bias);
-            L.bk = b.get(name("attn_k.bias"), {KD}, qkv_bias);
-            L.bv = b.get(name("attn_v.bias"), {VD}, qkv_bias);
+            const int64_t q_dim = n_head * hp.head_dim_k, k_dim = hp.n_embd_k_gqa(), v_dim = hp.n_embd_v_gqa();
+            L.wq = b.get(name("attn_q.weight"), {n_embd, q_dim});
+            L.wk = b.get(name("attn_k.weight"), {n_embd, k_dim});
+            L.wv = b.get(name("attn_v.weight"), {n_embd, v_dim});
+            L.wo = b.get(name("attn_output.weight"), {n_head * hp.head_dim_v, n_embd});
+            L.bq = b.get(name("attn_q.bias"), {q_dim}, qkv_bias);
+            L.bk = b.get(name("attn_k.bias"), {k_dim}, qkv_bias);
+            L.bv = b.get(name("attn_v.bias"), {v_dim}, qkv_bias);
             L.q_norm = b.get(name("attn_q_norm.weight"), {hp.head_dim_k}, qk_norm);
             L.k_norm = b.get(name("attn_k_norm.weight"), {hp.head_dim_k}, qk_norm);
         }
-        L.ffn_norm = b.get(name("ffn_norm.weight"), {E});
+        L.ffn_norm = b.get(name("ffn_norm.weight"), {n_embd});
         if (hp.n_expert > 0 && il >= hp.n_layer_dense_lead) {
-            const int64_t X = hp.n_expert, FE = hp.n_ff_exp;
-            L.gate_inp = b.get(name("ffn_gate_inp.weight"), {E, X});
-            L.exp_probs_b = b.get(name("exp_probs_b.bias"), {X}, false);
-            L.gate_exp = slice_views(b.get(name("ffn_gate_exps.weight"), {E, FE, X}), X, FE);
-            L.up_exp = slice_views(b.get(name("ffn_up_exps.weight"), {E, FE, X}), X, FE);
-            L.down_exp = slice_views(b.get(name("ffn_down_exps.weight"), {FE, E, X}), X, E);
+            const int64_t n_expert = hp.n_expert, n_ff_exp = hp.n_ff_exp;
+            L.gate_inp = b.get(name("ffn_gate_inp.weight"), {n_embd, n_expert});
+            L.exp_probs_b = b.get(name("exp_probs_b.bias"), {n_expert}, false);
+            L.gate_exp = slice_views(b.get(name("ffn_gate_exps.weight"), {n_embd, n_ff_exp, n_expert}), n_expert, n_ff_exp);
+            L.up_exp = slice_views(b.get(name("ffn_up_exps.weight"), {n_embd, n_ff_exp, n_expert}), n_expert, n_ff_exp);
+            L.down_exp = slice_views(b.get(name("ffn_down_exps.weight"), {n_ff_exp, n_embd, n_expert}), n_expert, n_embd);
             if (hp.n_expert_shared > 0) {
-                const int64_t FS = FE * hp.n_expert_shared;
-                L.gate_shexp = b.get(name("ffn_gate_shexp.weight"), {E, FS});
-                L.up_shexp = b.get(name("ffn_up_shexp.weight"), {E, FS});
-                L.down_shexp = b.get(name("ffn_down_shexp.weight"), {FS, E});
+                const int64_t n_ff_shexp = n_ff_exp * hp.n_expert_shared;
+                L.gate_shexp = b.get(name("ffn_gate_shexp.weight"), {n_embd, n_ff_shexp});
+                L.up_shexp = b.get(name("ffn_up_shexp.weight"), {n_embd, n_ff_shexp});
+                L.down_shexp = b.get(name("ffn_down_shexp.weight"), {n_ff_shexp, n_embd});
             }
         } else {
-            L.ffn_gate = b.get(name("ffn_gate.weight"), {E, F});
-            L.ffn_up = b.get(name("ffn_up.weight"), {E, F});
-            L.ffn_down = b.get(name("ffn_down.weight"), {F, E});
+            L.ffn_gate = b.get(name("ffn_gate.weight"), {n_embd, n_ff});
+            L.ffn_up = b.get(name("ffn_up.weight"), {n_embd, n_ff});
+            L.ffn_down = b.get(name("ffn_down.weight"), {n_ff, n_embd});
         }
         if (hp.arch == Arch::Gemma3) {
-            L.post_attn_norm = b.get(name("post_attention_norm.weight"), {E});
-            L.post_ffn_norm = b.get(name("post_ffw_norm.weight"), {E});
+            L.post_attn_norm = b.get(name("post_attention_norm.weight"), {n_embd});
+            L.post_ffn_norm = b.get(name("post_ffw_norm.weight"), {n_embd});
         }
     }
 }
@@ -14156,11 +14156,11 @@ void gelu_times(float* x, const float* up, int64_t n) {
 
 // Row `row` of an embedding table as f32 (a token embedding tied to the output may have been repacked).
 void embedding_row(const TensorInfo* t, int64_t row, float* out) {
-    const int64_t E = t->ne[0];
+    const int64_t n_embd = t->ne[0];
     if (t->interleaved)
-        dequantize_interleaved_row(t->type, t->data, E, row, out);
+        dequantize_interleaved_row(t->type, t->data, n_embd, row, out);
     else
-        dequantize_row(t->type, t->data + row_bytes(t->type, E) * row, out, E);
+        dequantize_row(t->type, t->data + row_bytes(t->type, n_embd) * row, out, n_embd);
 }
 
 // LayerNorm of n rows of dim values: (x - mean) / sqrt(var + eps) * w + b, sums in double as the reference.
@@ -14546,8 +14546,13 @@ struct Ffn {
     // experts' rows), the router's logits (n x n_expert), each expert's tokens gathered and its outputs
     // (in expert order), and the shared experts' output (n x n_embd).
     std::vector<float> gate_out, up_out, router, routed_in, routed_out, shared_out;
-    std::vector<std::vector<std::pair<int, float>>> users;  // expert -> its (token, weight) pairs (route)
-    std::vector<int> first;                                 // expert -> its first row in expert order (route)
+    // Which tokens chose each expert (route's result): users[e] the (token, weight) pairs of expert e,
+    // first[e] the row of its first token in the expert-ordered buffers (first[n_expert]: all rows).
+    struct Routing {
+        std::vector<std::vector<std::pair<int, float>>> users;
+        std::vector<int> first;
+    };
+    Routing routing;  // route() fills it in place: a layer's routing reuses the last one's allocations
 
     Ffn(const Model& m, ThreadPool& threads, MatMuls& matmuls, bool grouped)
         : model(m), pool(threads), matmul(matmuls), moe_grouped(grouped) {}
@@ -14592,13 +14597,13 @@ struct Ffn {
             for (int64_t j = 0; j < n * n_embd; j++) out[j] += shared_out[j];
     }
 
-    // Routes n tokens: users[e] becomes the (token, weight) pairs of the tokens that chose expert e,
-    // first[e] the row of expert e's first token in the expert-ordered buffers (first[n_expert]: all).
-    void route(const LayerWeights& L, const float* xin, int n) {
+    // Routes n tokens: which tokens chose each expert, with their weights (see Routing).
+    const Routing& route(const LayerWeights& L, const float* xin, int n) {
         const HParams& hp = model.hp;
         const int n_expert = hp.n_expert, n_used = hp.n_expert_used;
         router.resize((size_t)n * n_expert);
         matmul({{L.gate_inp, xin, n, router.data()}});
+        auto& [users, first] = routing;
         users.assign(n_expert, {});
         std::vector<int32_t> chosen(n_used);
         std::vector<float> weights(n_used);
@@ -14609,6 +14614,7 @@ struct Ffn {
         }
         first.assign(n_expert + 1, 0);
         for (int e = 0; e < n_expert; e++) first[e + 1] = first[e] + (int)users[e].size();
+        return routing;
     }
 
     // The routed experts of n tokens: route every token, run each chosen expert once over its tokens,
@@ -14617,7 +14623,7 @@ struct Ffn {
     void moe_routed(const LayerWeights& L, const float* xin, int n, float* out, bool with_shared) {
         const int n_expert = model.hp.n_expert;
         const int64_t n_embd = model.hp.n_embd, n_ff_exp = model.hp.n_ff_exp;
-        route(L, xin, n);
+        const auto& [users, first] = route(L, xin, n);
         const int total = first[n_expert];
         const size_t routed_ff = (size_t)total * n_ff_exp, shared_ff = with_shared ? (size_t)n * L.gate_shexp->ne[1] : 0;
         routed_in.resize((size_t)total * n_embd);
@@ -14908,7 +14914,7 @@ struct Context::Impl {
         const Model& m = model;
         const HParams& hp = m.hp;
         const int n = (int)batch.size();
-        const int64_t E = hp.n_embd;
+        const int64_t n_embd = hp.n_embd;
         size_activations(n);
         embed_tokens(batch, n);
         for (int il = 0; il < std::min(hp.n_layer, m.placement.first_device_layer); il++) decoder_layer(il, batch, n);
@@ -14921,7 +14927,7 @@ struct Context::Impl {
         for (int i = 0; i < n; i++) kv.seq_len[batch.seq[i]] = batch.pos[i] + 1;
         if (params.embeddings) {  // a decoder as an embedder: its final-norm hidden states
             n_logits = 0;
-            rms_norm_to(pool, x.data(), m.output_norm, hp.norm_eps, n, E, cur.data());
+            rms_norm_to(pool, x.data(), m.output_norm, hp.norm_eps, n, n_embd, cur.data());
             embeddings.store(batch, cur.data());
             return;
         }
@@ -14929,8 +14935,8 @@ struct Context::Impl {
 
         // Output: only the rows that asked for logits.
         for (int j = 0; j < n_logits; j++)
-            std::copy(x.begin() + logit_rows[j] * E, x.begin() + (logit_rows[j] + 1) * E, x.begin() + j * E);
-        rms_norm_to(pool, x.data(), m.output_norm, hp.norm_eps, n_logits, E, cur.data());
+            std::copy(x.begin() + logit_rows[j] * n_embd, x.begin() + (logit_rows[j] + 1) * n_embd, x.begin() + j * n_embd);
+        rms_norm_to(pool, x.data(), m.output_norm, hp.norm_eps, n_logits, n_embd, cur.data());
         if (head.ne[1] < hp.n_vocab) head_logits();
         else matmul({{m.output, cur.data(), n_logits, logits.data()}});
     }
