@@ -15015,42 +15015,42 @@ void rope_angles(const HParams& hp, const float* freq_factors, int pos, float ba
 // group-limited selection (keep the groups whose two best experts score highest), top-k, then the
 // chosen experts' gate probabilities, optionally renormalized and scaled.
 void moe_route(const HParams& hp, const float* logits, const float* selection_bias, int32_t* experts, float* weights) {
-    const int X = hp.n_expert, K = hp.n_expert_used;
-    std::vector<float> probs(X), select(X);
+    const int n_expert = hp.n_expert, n_used = hp.n_expert_used;
+    std::vector<float> probs(n_expert), select(n_expert);
     if (hp.expert_gating == ExpertGating::Softmax) {
-        const float mx = *std::max_element(logits, logits + X);
+        const float mx = *std::max_element(logits, logits + n_expert);
         double sum = 0;
-        for (int e = 0; e < X; e++) sum += (probs[e] = std::exp(logits[e] - mx));
-        for (int e = 0; e < X; e++) probs[e] = (float)(probs[e] / sum);
+        for (int e = 0; e < n_expert; e++) sum += (probs[e] = std::exp(logits[e] - mx));
+        for (int e = 0; e < n_expert; e++) probs[e] = (float)(probs[e] / sum);
     } else {
-        for (int e = 0; e < X; e++) probs[e] = 1.0f / (1.0f + std::exp(-logits[e]));
+        for (int e = 0; e < n_expert; e++) probs[e] = 1.0f / (1.0f + std::exp(-logits[e]));
     }
-    for (int e = 0; e < X; e++) select[e] = probs[e] + (selection_bias ? selection_bias[e] : 0.0f);
+    for (int e = 0; e < n_expert; e++) select[e] = probs[e] + (selection_bias ? selection_bias[e] : 0.0f);
     if (hp.n_expert_groups > 1) {
-        const int G = hp.n_expert_groups, per = X / G;
-        std::vector<std::pair<float, int>> group_score(G);
-        for (int g = 0; g < G; g++) {
+        const int n_groups = hp.n_expert_groups, per = n_expert / n_groups;
+        std::vector<std::pair<float, int>> group_score(n_groups);
+        for (int g = 0; g < n_groups; g++) {
             std::vector<float> v(select.begin() + g * per, select.begin() + (g + 1) * per);
             std::partial_sort(v.begin(), v.begin() + std::min(2, per), v.end(), std::greater<float>());
             group_score[g] = {v[0] + (per > 1 ? v[1] : 0.0f), g};
         }
         std::partial_sort(group_score.begin(), group_score.begin() + hp.n_group_used, group_score.end(),
                           [](auto& a, auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); });
-        std::vector<uint8_t> keep(G, 0);
+        std::vector<uint8_t> keep(n_groups, 0);
         for (int g = 0; g < hp.n_group_used; g++) keep[group_score[g].second] = 1;
-        for (int e = 0; e < X; e++) if (!keep[e / per]) select[e] = -INFINITY;
+        for (int e = 0; e < n_expert; e++) if (!keep[e / per]) select[e] = -INFINITY;
     }
-    std::vector<int32_t> order(X);
-    for (int e = 0; e < X; e++) order[e] = e;
-    std::partial_sort(order.begin(), order.begin() + K, order.end(),
+    std::vector<int32_t> order(n_expert);
+    for (int e = 0; e < n_expert; e++) order[e] = e;
+    std::partial_sort(order.begin(), order.begin() + n_used, order.end(),
                       [&](int a, int b) { return select[a] > select[b] || (select[a] == select[b] && a < b); });
     double sum = 0;
-    for (int j = 0; j < K; j++) {
+    for (int j = 0; j < n_used; j++) {
         experts[j] = order[j];
         weights[j] = probs[order[j]];
         sum += weights[j];
     }
-    for (int j = 0; j < K; j++) {
+    for (int j = 0; j < n_used; j++) {
         if (hp.expert_weights_norm) weights[j] = (float)(weights[j] / sum);
         weights[j] *= hp.expert_weights_scale;
     }
