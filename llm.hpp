@@ -3850,14 +3850,17 @@ LLM_AVX2_INLINE __m256i dot_signed(const __m256i* w, const __m256i* w_abs, const
     return sum;
 }
 
-// Each kernel below computes NC columns for the NH halves from h0: with few columns both halves in
-// one pass over the group (run), with more a pass per half, the second from cache; up to
+// Columns up to which a kernel takes both halves in one pass (RowsQ45K: more, see there).
+template <class Rows>
+constexpr int kBothHalvesColumns = 2;
+// Each kernel below computes NC columns for the NH halves from h0: up to kBothHalvesColumns columns
+// both halves in one pass over the group (run), with more a pass per half, the second from cache; up to
 // Rows::kGroupMajorColumns columns group-major (run_half: 4-column tiles 1.04-1.18x faster, equal at 8;
 // docs/performance.md, round 10). Its Ops (OpsAVX2 or OpsAVXVNNI) give the byte products.
 template <class Rows, int NC>
 LLM_AVX2_INLINE void tile16_halves(int64_t k, const uint8_t* W, const uint8_t* A, size_t as, const float* S, int64_t ss,
                                    const int32_t* ysum, float* out, int64_t ld) {
-    if constexpr (NC <= 2) Rows::template run<NC, 2>(k, W, A, as, S, ss, ysum, out, ld, 0);
+    if constexpr (NC <= kBothHalvesColumns<Rows>) Rows::template run<NC, 2>(k, W, A, as, S, ss, ysum, out, ld, 0);
     else if constexpr (NC <= Rows::kGroupMajorColumns)
         for (int h = 0; h < 2; h++) Rows::template run_half<NC>(k, W, A, as, S, ss, ysum, out, ld, h);
     else for (int h = 0; h < 2; h++) Rows::template run<NC, 1>(k, W, A, as, S, ss, ysum, out, ld, h);
@@ -4105,6 +4108,17 @@ struct RowsB32 {
 template <class G, class Ops>
 struct RowsQ45K {
     static constexpr int kGroupMajorColumns = 0;
+    // Rows 8h..8h+7 of sub-block sb's scales, each in both int16 halves of its row's lane (AVX2:
+    // vpmaddwd's operand) or as int32 (AVX-VNNI: vpmulld's); sc: unpack6's scales.
+    static LLM_AVX2_INLINE __m256i scales_half(const uint8_t* sc, int sb, int h) {
+        const uint8_t* s = sc + 16 * sb + 8 * h;
+        if constexpr (Ops::kVnni) return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)s));
+        uint64_t eight;
+        memcpy(&eight, s, 8);
+        const __m256i twice = _mm256_setr_epi8(0, -1, 0, -1, 1, -1, 1, -1, 2, -1, 2, -1, 3, -1, 3, -1,  //
+                                               4, -1, 4, -1, 5, -1, 5, -1, 6, -1, 6, -1, 7, -1, 7, -1);
+        return _mm256_shuffle_epi8(_mm256_set1_epi64x((int64_t)eight), twice);
+    }
     template <int NC, int NH>
     static LLM_AVX2_INLINE void run(int64_t k, const uint8_t* W, const uint8_t* A, size_t as, const float*, int64_t, const int32_t*,
                                     float* out, int64_t ld, int h0) {
@@ -4118,7 +4132,14 @@ struct RowsQ45K {
             unpack6<128>(B.scales_lo, B.hi, 0, sc);
             unpack6<128>(B.mins_lo, B.hi, 4, mn);
             const block_q8_K* y[NC];
-            for (int c = 0; c < NC; c++) y[c] = (const block_q8_K*)(A + c * as) + b;
+            // per column the sums of 32 values per sub-block, two sub-blocks per 32-bit word (both halves')
+            alignas(16) int32_t pair[NC][4];
+#pragma GCC unroll 8
+            for (int c = 0; c < NC; c++) {
+                y[c] = (const block_q8_K*)(A + c * as) + b;
+                const __m256i bs = load256(y[c]->bsums);
+                _mm_store_si128((__m128i*)pair[c], _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1)));
+            }
 #pragma GCC unroll 2
             for (int hh = 0; hh < NH; hh++) {
                 const int h = h0 + hh;
@@ -4137,28 +4158,25 @@ struct RowsQ45K {
                             u[ch + 4] = _mm256_or_si256(u[ch + 4], _mm256_and_si256(mask_half(B.qh[sb][ch + 4], h), _mm256_set1_epi8(16)));
                         }
                     }
-                    const __m256i s32 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(sc + 16 * sb + 8 * h)));
-                    const __m256i scale16 = _mm256_or_si256(s32, _mm256_slli_epi32(s32, 16));
+                    const __m256i scale = scales_half(sc, sb, h);
 #pragma GCC unroll 8
                     for (int c = 0; c < NC; c++) {
                         if constexpr (Ops::kVnni)
-                            isum[c] = _mm256_add_epi32(isum[c], _mm256_mullo_epi32(dot_bytes<Ops, 8>(u, y[c]->qs + 32 * sb), s32));
+                            isum[c] = _mm256_add_epi32(isum[c], _mm256_mullo_epi32(dot_bytes<Ops, 8>(u, y[c]->qs + 32 * sb), scale));
                         else
-                            isum[c] = _mm256_add_epi32(isum[c], dot_runs<8, safe_run(kHasHigh<G> ? 31 : 15)>(u, y[c]->qs + 32 * sb, scale16));
+                            isum[c] = _mm256_add_epi32(isum[c], dot_runs<8, safe_run(kHasHigh<G> ? 31 : 15)>(u, y[c]->qs + 32 * sb, scale));
                     }
                 }
                 const __m256 dx = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(B.d + 8 * h)));
                 const __m256 mx = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(B.dmin + 8 * h)));
+                __m256i mins16[4];  // the rows' mins of sub-blocks 2p, 2p + 1 as int16 pairs
+#pragma GCC unroll 4
+                for (int p = 0; p < 4; p++) mins16[p] = _mm256_cvtepu8_epi16(_mm_load_si128((const __m128i*)(mn + 32 * p + 16 * h)));
 #pragma GCC unroll 8
                 for (int c = 0; c < NC; c++) {
-                    // sums of 32 values per sub-block, two sub-blocks per 32-bit word
-                    const __m256i bs = load256(y[c]->bsums);
-                    alignas(16) int32_t pair[4];
-                    _mm_store_si128((__m128i*)pair, _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1)));
                     __m256i msum = _mm256_setzero_si256();
-                    for (int p = 0; p < 4; p++)
-                        msum = Ops::madd_add(msum, _mm256_cvtepu8_epi16(_mm_load_si128((const __m128i*)(mn + 32 * p + 16 * h))),
-                                             _mm256_set1_epi32(pair[p]));
+#pragma GCC unroll 4
+                    for (int p = 0; p < 4; p++) msum = Ops::madd_add(msum, mins16[p], _mm256_set1_epi32(pair[c][p]));
                     const __m256 yd = _mm256_set1_ps(y[c]->d);
                     acc.sum[hh][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[c]), _mm256_mul_ps(dx, yd), acc.sum[hh][c]);
                     acc.min[hh][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(msum), _mm256_mul_ps(mx, yd), acc.min[hh][c]);
@@ -4168,6 +4186,10 @@ struct RowsQ45K {
         acc.template store<true>(out, ld, h0);
     }
 };
+// Up to 4 columns both halves in one pass: the group's weights stream evenly (a pass per half reads
+// them all in the first and leaves memory idle in the second).
+template <class G, class Ops>
+constexpr int kBothHalvesColumns<RowsQ45K<G, Ops>> = 4;
 
 // tile16_k16 on AVX2 (AVX-VNNI: each sub-block's exact int32 dot product times its scale).
 template <class T, class Ops>
