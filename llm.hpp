@@ -3814,6 +3814,12 @@ LLM_AVX512_WARNINGS_ON
 // Groups per int16 run for unsigned weight values up to UMax against activations |y| <= 128.
 constexpr int safe_run(int umax) { return 32767 / (2 * 128 * umax); }
 
+// v as computed, a barrier to reordering: GCC otherwise reassociates a run's chain of adds into a
+// tree that keeps every group's (and column's) products live at once, spilled to the stack.
+LLM_AVX2_INLINE __m256i in_order(__m256i v) {
+    __asm__("" : "+x"(v));
+    return v;
+}
 // Per row (8 lanes): sum over i < N of u[i] . (the four activation bytes at y + 4i), times scale16
 // (each row's scale in both int16 halves of its lane), in int16 runs of Run groups.
 template <int N, int Run>
@@ -3822,6 +3828,7 @@ LLM_AVX2_INLINE __m256i dot_runs(const __m256i* u, const int8_t* y, __m256i scal
 #pragma GCC unroll 8
     for (int i = 0; i < N; i++) {
         run = _mm256_add_epi16(run, _mm256_maddubs_epi16(u[i], _mm256_set1_epi32((int)load_u32((const uint8_t*)y + 4 * i))));
+        if constexpr (N == 8) run = in_order(run);  // a 32-value block's run (the K16 tiles' four groups fare better left alone)
         if ((i + 1) % Run == 0 || i == N - 1) {
             sum = _mm256_add_epi32(sum, _mm256_madd_epi16(run, scale16));
             run = _mm256_setzero_si256();
@@ -3845,7 +3852,7 @@ LLM_AVX2_INLINE __m256i dot_signed(const __m256i* w, const __m256i* w_abs, const
 #pragma GCC unroll 8
     for (int i = 0; i < N; i++) {
         const __m256i yi = _mm256_set1_epi32((int)load_u32((const uint8_t*)y + 4 * i));
-        sum = _mm256_add_epi32(sum, _mm256_madd_epi16(_mm256_maddubs_epi16(w_abs[i], _mm256_sign_epi8(yi, w[i])), _mm256_set1_epi16(1)));
+        sum = in_order(_mm256_add_epi32(sum, _mm256_madd_epi16(_mm256_maddubs_epi16(w_abs[i], _mm256_sign_epi8(yi, w[i])), _mm256_set1_epi16(1))));
     }
     return sum;
 }
@@ -3942,9 +3949,9 @@ struct RowsB32 {
                 for (int c = 0; c < NC; c++) {
                     const __m256i yg = _mm256_set1_epi32((int)load_u32((const uint8_t*)yq[c] + 4 * g));
                     if constexpr (kSigned) {
-                        sum[c] = _mm256_add_epi32(sum[c], _mm256_madd_epi16(_mm256_maddubs_epi16(u, _mm256_sign_epi8(yg, v)), ones));
+                        sum[c] = in_order(_mm256_add_epi32(sum[c], _mm256_madd_epi16(_mm256_maddubs_epi16(u, _mm256_sign_epi8(yg, v)), ones)));
                     } else {
-                        run[c] = _mm256_add_epi16(run[c], _mm256_maddubs_epi16(u, yg));
+                        run[c] = in_order(_mm256_add_epi16(run[c], _mm256_maddubs_epi16(u, yg)));
                         if ((g + 1) % kRun == 0 || g == 7) {
                             sum[c] = _mm256_add_epi32(sum[c], _mm256_madd_epi16(run[c], ones));
                             run[c] = _mm256_setzero_si256();
