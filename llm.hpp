@@ -3757,6 +3757,7 @@ LLM_AVX512_INLINE void unpack_b32(const G& B, __m512i table, __m512i u[8]) {
     }
     if constexpr (kHasHigh<G>) {  // group i's fifth bits: bit i of the 64 plane bytes
         const __m512i planes = _mm512_loadu_si512(B.qh);
+#pragma GCC unroll 8  // constant bit masks (a loop shifts and broadcasts each)
         for (int i = 0; i < 8; i++)
             u[i] = _mm512_mask_add_epi8(u[i], _mm512_test_epi8_mask(planes, _mm512_set1_epi8((char)(1 << i))), u[i], _mm512_set1_epi8(16));
     }
