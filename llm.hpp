@@ -1397,12 +1397,13 @@ struct block_q2_K_x16 {
 
 // 32-value types interleaved: the 16 rows' scales (and mins), then four-value groups g = 0..7 (values
 // 4g..4g+3) of the 16 rows as unsigned bytes: 4-bit types keep a row's nibble bytes as they are (low
-// nibble: group c, high: group c + 4 of qs[c]), Q5 types add the fifth bits of group g as a 64-bit
-// mask (bit 4 * row + j), Q8_0 stores value + 128.
+// nibble: group c, high: group c + 4 of qs[c]), Q5 types add the fifth bits as bit planes in the
+// bytes' order (qh[4 * row + j], bit g: value 4g + j of the row; a 16-bit shift brings group g's bits
+// to bit 4 of 32 bytes at once), Q8_0 stores value + 128.
 struct block_q4_0_x16 { uint16_t d[16]; uint8_t qs[4][64]; };              // also IQ4_NL (indices)
 struct block_q4_1_x16 { uint16_t d[16], m[16]; uint8_t qs[4][64]; };
-struct block_q5_0_x16 { uint16_t d[16]; uint64_t qh[8]; uint8_t qs[4][64]; };
-struct block_q5_1_x16 { uint16_t d[16], m[16]; uint64_t qh[8]; uint8_t qs[4][64]; };
+struct block_q5_0_x16 { uint16_t d[16]; uint8_t qh[64]; uint8_t qs[4][64]; };
+struct block_q5_1_x16 { uint16_t d[16], m[16]; uint8_t qh[64]; uint8_t qs[4][64]; };
 struct block_q8_0_x16 { uint16_t d[16]; uint8_t qs[8][64]; };
 // BF16, 32-value blocks of 16 rows: line p holds values 2p, 2p + 1 of each row (row r at bytes 4r..4r+3),
 // as TDPBF16PS and vdpbf16ps take their weight operand.
@@ -3426,10 +3427,11 @@ inline void interleave_b32(const X& x, int r, G& g) {
     } else {
         for (int c = 0; c < 4; c++) memcpy(g.qs[c] + 4 * r, x.qs + 4 * c, 4);
     }
-    if constexpr (kHasHigh<G>) {
+    if constexpr (kHasHigh<G>) {  // bit planes: value 4 * grp + j's fifth bit at bit grp of qh[4r + j]
         uint32_t qh;
         memcpy(&qh, x.qh, 4);
-        for (int grp = 0; grp < 8; grp++) g.qh[grp] |= (uint64_t)((qh >> (4 * grp)) & 0xF) << (4 * r);
+        for (int j = 0; j < 4; j++)
+            for (int grp = 0; grp < 8; grp++) g.qh[4 * r + j] |= (uint8_t)(((qh >> (4 * grp + j)) & 1) << grp);
     }
 }
 template <class X, class G>
@@ -3448,7 +3450,8 @@ inline void deinterleave_b32(const G& g, int r, X& x) {
     }
     if constexpr (kHasHigh<G>) {
         uint32_t qh = 0;
-        for (int grp = 0; grp < 8; grp++) qh |= (uint32_t)((g.qh[grp] >> (4 * r)) & 0xF) << (4 * grp);
+        for (int j = 0; j < 4; j++)
+            for (int grp = 0; grp < 8; grp++) qh |= (uint32_t)((g.qh[4 * r + j] >> grp) & 1) << (4 * grp + j);
         memcpy(x.qh, &qh, 4);
     }
 }
@@ -3575,6 +3578,12 @@ LLM_AVX512_INLINE __m512i two_bits(const uint8_t (*q)[64], int g) {
 LLM_AVX2_INLINE __m256i two_bits_half(const uint8_t (*q)[64], int g, int h) { return shr_mask(load256(q[g % 16] + 32 * h), 2 * (g / 16), 3); }
 // The bytes of half h of a 64-bit per-row mask (bit 4 * row + j; rows 8h..8h+7), 0xFF where set.
 LLM_AVX2_INLINE __m256i mask_half(const uint64_t& m, int h) { return bits32((const uint8_t*)&m + 4 * h); }
+// Group g's fifth bits from 32 bit-plane bytes of Q5_0 / Q5_1 (bit g), as 0x10 where set. One 16-bit
+// shift of at most four moves bit g to bit 4; what crosses into the next byte lands at bits 0..3 or 5..7.
+LLM_AVX2_INLINE __m256i fifth_bits_half(__m256i planes, int g) {
+    const __m256i at4 = g == 4 ? planes : g < 4 ? _mm256_slli_epi16(planes, 4 - g) : _mm256_srli_epi16(planes, g - 4);
+    return _mm256_and_si256(at4, _mm256_set1_epi8(0x10));
+}
 struct I16Q6K {
     using G = block_q6_K_x16;
     static constexpr int kOffsetShift = 5;
@@ -3746,8 +3755,12 @@ LLM_AVX512_INLINE void unpack_b32(const G& B, __m512i table, __m512i u[8]) {
             u[c + 4] = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
         }
     }
-    if constexpr (kHasHigh<G>)
-        for (int i = 0; i < 8; i++) u[i] = _mm512_mask_add_epi8(u[i], (__mmask64)B.qh[i], u[i], _mm512_set1_epi8(16));
+    if constexpr (kHasHigh<G>) {  // group i's fifth bits: bit i of the 64 plane bytes
+        const __m512i planes = _mm512_loadu_si512(B.qh);
+#pragma GCC unroll 8  // constant bit masks (a loop shifts and broadcasts each)
+        for (int i = 0; i < 8; i++)
+            u[i] = _mm512_mask_add_epi8(u[i], _mm512_test_epi8_mask(planes, _mm512_set1_epi8((char)(1 << i))), u[i], _mm512_set1_epi8(16));
+    }
     if constexpr (Table)
         for (int i = 0; i < 8; i++) u[i] = _mm512_shuffle_epi8(table, u[i]);
 }
@@ -3913,7 +3926,7 @@ struct RowsB32 {
         __m256i v;
         if constexpr (kHasBytes<G>) v = _mm256_xor_si256(load256(B.qs[g] + 32 * h), _mm256_set1_epi8((char)0x80));
         else v = shr_mask(load256(B.qs[g % 4] + 32 * h), 4 * (g / 4), 0x0F);
-        if constexpr (kHasHigh<G>) v = _mm256_or_si256(v, _mm256_and_si256(mask_half(B.qh[g], h), _mm256_set1_epi8(16)));
+        if constexpr (kHasHigh<G>) v = _mm256_or_si256(v, fifth_bits_half(load256(B.qh + 32 * h), g));
         if constexpr (Table) v = _mm256_shuffle_epi8(table, v);
         return v;
     }
@@ -4082,8 +4095,11 @@ struct RowsB32 {
                         u[c + 4] = shr_mask(q, 4, 0x0F);
                     }
                 }
-                if constexpr (kHasHigh<G>)
-                    for (int i = 0; i < 8; i++) u[i] = _mm256_or_si256(u[i], _mm256_and_si256(mask_half(B.qh[i], h), _mm256_set1_epi8(16)));
+                if constexpr (kHasHigh<G>) {
+                    const __m256i planes = load256(B.qh + 32 * h);
+#pragma GCC unroll 8  // constant shift counts
+                    for (int i = 0; i < 8; i++) u[i] = _mm256_or_si256(u[i], fifth_bits_half(planes, i));
+                }
                 if constexpr (Table)
                     for (int i = 0; i < 8; i++) u[i] = _mm256_shuffle_epi8(table, u[i]);
                 if constexpr (kSigned)
