@@ -14597,7 +14597,7 @@ struct Ffn {
         std::vector<std::vector<std::pair<int, float>>> users;
         std::vector<int> first;
     };
-    Routing routing;  // route() fills it in place: a layer's routing reuses the last one's allocations
+    Routing routing;  // route() fills it in place (the outer vectors keep their allocations from layer to layer)
 
     Ffn(const Model& m, ThreadPool& threads, MatMuls& matmuls, bool grouped)
         : model(m), pool(threads), matmul(matmuls), moe_grouped(grouped) {}
