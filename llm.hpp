@@ -14597,7 +14597,9 @@ struct Ffn {
         std::vector<std::vector<std::pair<int, float>>> users;
         std::vector<int> first;
     };
-    Routing routing;  // route() fills it in place (the outer vectors keep their allocations from layer to layer)
+    Routing routing;  // route() fills it in place (every list keeps its allocation from layer to layer)
+    std::vector<int32_t> token_experts;  // one token's chosen experts and their weights (route's scratch)
+    std::vector<float> token_weights;
 
     Ffn(const Model& m, ThreadPool& threads, MatMuls& matmuls, bool grouped)
         : model(m), pool(threads), matmul(matmuls), moe_grouped(grouped) {}
@@ -14649,13 +14651,14 @@ struct Ffn {
         router.resize((size_t)n * n_expert);
         matmul({{L.gate_inp, xin, n, router.data()}});
         auto& [users, first] = routing;
-        users.assign(n_expert, {});
-        std::vector<int32_t> chosen(n_used);
-        std::vector<float> weights(n_used);
+        users.resize(n_expert);
+        for (auto& tokens : users) tokens.clear();
+        token_experts.resize(n_used);
+        token_weights.resize(n_used);
         const float* bias = L.exp_probs_b ? (const float*)L.exp_probs_b->data : nullptr;
         for (int i = 0; i < n; i++) {
-            moe_route(hp, router.data() + (size_t)i * n_expert, bias, chosen.data(), weights.data());
-            for (int j = 0; j < n_used; j++) users[chosen[j]].emplace_back(i, weights[j]);
+            moe_route(hp, router.data() + (size_t)i * n_expert, bias, token_experts.data(), token_weights.data());
+            for (int j = 0; j < n_used; j++) users[token_experts[j]].emplace_back(i, token_weights[j]);
         }
         first.assign(n_expert + 1, 0);
         for (int e = 0; e < n_expert; e++) first[e + 1] = first[e] + (int)users[e].size();
