@@ -570,6 +570,8 @@ TEST_CASE("quants: attention score kernels equal matmul_rows on every tier, seve
 namespace llm {  // the activations (implementation section)
 float gelu(float x);
 void gelu_times(float* x, const float* up, int64_t n);
+float silu(float x);
+void silu_times(float* x, const float* up, int64_t n);
 }
 
 TEST_CASE("quants: GELU through the f16 table equals the scalar gelu bit for bit on every tier") {
@@ -611,6 +613,37 @@ TEST_CASE("quants: GELU through the f16 table equals the scalar gelu bit for bit
             CHECK(bad == 0);
         }
     }
+}
+
+TEST_CASE("quants: SiLU times up on every tier within 1e-6 relative of x / (1 + e^-x) in double") {
+    IsaGuard guard;
+    // Random values over the range a gate takes, both signs' far tails (e^-x overflows a float below
+    // -88.7; e^x of the vector path runs out below -87.3), zeros and the smallest normals; an odd
+    // count, so the vector loops' tails run too.
+    std::mt19937 rng(11);
+    std::uniform_real_distribution<float> wide(-20.0f, 20.0f), tail(-120.0f, 120.0f);
+    std::vector<float> x;
+    for (int i = 0; i < 10001; i++) x.push_back(i % 10 == 0 ? tail(rng) : wide(rng));
+    for (float v : {0.0f, -0.0f, 1e-38f, -1e-38f, -87.0f, -88.0f, -89.0f, 87.0f, 89.0f, 1.0f, -1.0f}) x.push_back(v);
+    std::vector<float> up(x.size());
+    for (float& u : up) u = wide(rng);
+    for (llm::Isa isa : supported_isas()) {
+        CAPTURE(llm::isa_name(isa));
+        llm::isa_set(isa);
+        std::vector<float> got = x;
+        llm::silu_times(got.data(), up.data(), (int64_t)got.size());
+        size_t bad = 0;
+        float first_bad = 0;
+        for (size_t i = 0; i < x.size(); i++) {
+            const double want = (double)x[i] / (1.0 + std::exp(-(double)x[i])) * up[i];
+            // relative, with an absolute floor below which floats hold no silu (x e^x under e^-87)
+            if (std::fabs(got[i] - want) > 1e-6 * std::fabs(want) + 1e-30 && bad++ == 0) first_bad = x[i];
+        }
+        CAPTURE(first_bad);
+        CHECK(bad == 0);
+    }
+    CHECK(std::isnan(llm::silu(NAN)));
+    CHECK(llm::silu(-1.0f) == doctest::Approx(-0.268941f).epsilon(1e-5));  // -1 / (1 + e)
 }
 
 TEST_CASE("quants: isa_set rejects what the CPU lacks") {

@@ -74,7 +74,8 @@ TEST_CASE("web page: GET / serves the embedded page; headless Chromium shows mod
         for (int n : lengths) if (n > 0 && (growing.empty() || n > growing.back())) growing.push_back(n);
         INFO("lengths seen: " << json(lengths).dump());
         CHECK(growing.size() >= 3);  // not one block at the end
-        CHECK(growing.back() == (int)answer.size());
+        // (the page's lengths count UTF-16 units, not the UTF-8 bytes of `answer`)
+        CHECK(growing.back() == c.eval(std::string(kLastAnswer) + ".length").get<int>());
 
         // The same conversation through the API (greedy: --temp 0) gives the same text.
         Reply api = post(port, "/v1/chat/completions",
