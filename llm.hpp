@@ -14436,13 +14436,44 @@ struct Attention {
         }
     }
 
+    // Queries that one pass of the score kernels serves (AVX-512: 8 heads per pass, twice; AVX2: 4,
+    // four times): a prefill gives each work item this many of a KV head's queries from consecutive
+    // tokens, so every K and V row is converted once for all of them instead of once per token.
+    static constexpr int kQueriesPerItem = 16;
+
+    // Tokens [first, first + count) of a sequence's batch entries (attend's idx) that share one work
+    // item: token t sees positions [lo_t, end_t); all of them see [lo, end), some of them [from, to).
+    struct TokenRun {
+        int first, count, lo, end, from, to;
+    };
+
+    // The runs of at most `per_run` tokens, consecutive in idx, whose ranges share at least one
+    // position, so their union is a range of cached rows (scores over it read only rows some token sees).
+    std::vector<TokenRun> token_runs(const Batch& batch, const std::vector<int>& idx, int per_run, bool swa) const {
+        std::vector<TokenRun> runs;
+        for (int t = 0; t < (int)idx.size(); t++) {
+            const int lo = seen_from(batch, idx[t], swa), end = attention_end(batch, idx[t]);
+            TokenRun* last = runs.empty() ? nullptr : &runs.back();
+            if (last && last->count < per_run && std::max(last->lo, lo) < std::min(last->end, end)) {
+                last->count++;
+                last->lo = std::max(last->lo, lo), last->end = std::min(last->end, end);
+                last->from = std::min(last->from, lo), last->to = std::max(last->to, end);
+            } else {
+                runs.push_back({t, 1, lo, end, lo, end});
+            }
+        }
+        return runs;
+    }
+
+    // The first cached position token i sees (a sliding window's start in SWA layers).
+    int seen_from(const Batch& batch, int i, bool swa) const { return swa ? std::max(0, batch.pos[i] - model.hp.n_swa + 1) : 0; }
+
     // Attention of every batch token over its own sequence's cached positions [lo, end). q holds
     // n x n_head x head_dim_k, the result goes to attn as n x n_head x head_dim_v. In latent (MLA)
     // caches there is no V: the first head_dim_v values of each K row serve as V.
     void attend(int il, const Batch& batch, int n) {
         const HParams& hp = model.hp;
-        const int hd_k = hp.head_dim_k, hd_v = hp.head_dim_v, group = hp.n_head / hp.n_head_kv;
-        const bool swa = hp.swa_layer[il];
+        const int group = hp.n_head / hp.n_head_kv;
         std::vector<int> seqs(batch.seq.begin(), batch.seq.begin() + n);
         std::sort(seqs.begin(), seqs.end());
         seqs.erase(std::unique(seqs.begin(), seqs.end()), seqs.end());
@@ -14454,70 +14485,96 @@ struct Attention {
                 idx.push_back(i);
                 n_kv = std::max(n_kv, attention_end(batch, i));
             }
-            // Scores are dot products straight on the cache rows, with the query converted to the
-            // cache type's dot-product type as the reference does; the heads that share a KV head
-            // go through one matmul_rows call, so each K row is read once for all of them. V rows
-            // (in a latent cache: the tail of the K rows) are summed straight from the cache.
-            const bool v_from_k = kv.dim_v == 0;
-            const Type vt = v_from_k ? kv.type_k : kv.type_v;
-            const size_t v_stride = v_from_k ? kv.row_k : kv.row_v, v_head = row_bytes(vt, hd_v);
-            const size_t v_in_k = v_from_k ? row_bytes(kv.type_k, hp.n_rot) : 0;  // latent rows: [rope | latent]
-            auto v_row = [&](int c) { return v_from_k ? kv.k_row(il, s, c) + v_in_k : kv.v_row(il, s, c); };
-            // Positions [lo, hi) as runs of cells that are adjacent in the cache (pages may not be).
-            auto for_runs = [&](int lo, int hi, auto&& fn) {
-                for (int c0 = lo; c0 < hi;) {
-                    int c1 = std::min(hi, (c0 / KVCache::kBlock + 1) * KVCache::kBlock);
-                    while (c1 < hi && kv.cell(s, c1) == kv.cell(s, c1 - 1) + 1) c1 = std::min(hi, c1 + KVCache::kBlock);
-                    fn(c0, c1);
-                    c0 = c1;
-                }
-            };
-            // With an f16 V the reference multiplies V by the probabilities rounded to f16; doing the
-            // same keeps the next layer's 8-bit activation rounding in step with it.
-            const bool round_p = vt == Type::F16;
-            const Type qt = vec_dot_type(kv.type_k);
-            const size_t q_row = row_bytes(qt, hd_k), k_head = row_bytes(kv.type_k, hd_k);
-            // Work items: (token, KV head, slice of its query heads); slices only split a group when
-            // there would otherwise be fewer items than threads (decode).
+            const std::vector<TokenRun> runs = token_runs(batch, idx, std::max(1, kQueriesPerItem / group), hp.swa_layer[il]);
+            // Work items: (run of tokens, KV head, slice of its query heads); slices only split a group
+            // when there would otherwise be fewer items than threads (decode).
             int slices = 1;
-            while ((int64_t)idx.size() * hp.n_head_kv * slices < pool.size() && slices < group) slices++;
+            while ((int64_t)runs.size() * hp.n_head_kv * slices < pool.size() && slices < group) slices++;
             const int per_slice = (group + slices - 1) / slices;
-            const int64_t n_work = (int64_t)idx.size() * hp.n_head_kv * slices;
+            const int64_t n_work = (int64_t)runs.size() * hp.n_head_kv * slices;
             pool.parallel_for(n_work, 1, [&](int64_t b, int64_t e, int thread) {
-                std::vector<float>& sc = thread_scores[thread];
-                const size_t need = (size_t)per_slice * n_kv + hd_v + 2 * (size_t)(per_slice + 1) * hd_k;
-                if (sc.size() < need) sc.resize(need);
-                float* deq = sc.data() + (size_t)per_slice * n_kv;
-                std::vector<uint8_t>& qc = thread_queries[thread];
-                qc.resize(q_row * per_slice);
                 for (int64_t w_ = b; w_ < e; w_++) {
                     // Late tokens see the most positions: hand them out first so the threads finish together.
                     const int64_t w = n_work - 1 - w_;
-                    const int i = idx[w / (hp.n_head_kv * slices)];
                     const int hk = (int)(w / slices % hp.n_head_kv);
                     const int h0 = hk * group + (int)(w % slices) * per_slice;
                     const int nh = std::min(per_slice, (hk + 1) * group - h0);
-                    if (nh <= 0) continue;
-                    const int p = batch.pos[i], end = attention_end(batch, i);
-                    const int lo = swa ? std::max(0, p - hp.n_swa + 1) : 0;
-                    const float* qrow = q.data() + ((int64_t)i * hp.n_head + h0) * hd_k;
-                    for (int j = 0; j < nh; j++) quantize_row(qt, qrow + j * hd_k, qc.data() + j * q_row, hd_k);
-                    // sc[j * n_kv + c] = K row c . query j
-                    for_runs(lo, end, [&](int c0, int c1) {
-                        const uint8_t* rows = kv.k_row(il, s, c0) + hk * k_head;
-                        if (!attention_scores(kv.type_k, rows, kv.row_k, c1 - c0, hd_k, qc.data(), q_row, nh, sc.data() + c0, n_kv,
-                                              deq + hd_v))
-                            matmul_rows(kv.type_k, rows, kv.row_k, hd_k, 0, c1 - c0, qc.data(), q_row, nh, sc.data() + c0, n_kv);
-                    });
-                    for (int j = 0; j < nh; j++) softmax_scaled(sc.data() + (size_t)j * n_kv + lo, end - lo, hp.attn_scale, round_p);
-                    // the heads' outputs are adjacent: one pass over the V rows serves all of them
-                    float* o = attn.data() + ((int64_t)i * hp.n_head + h0) * hd_v;
-                    for_runs(lo, end, [&](int c0, int c1) {
-                        weighted_row_sums(vt, v_row(c0) + hk * v_head, v_stride, sc.data() + c0, n_kv, nh, c1 - c0, hd_v, o, hd_v, deq,
-                                          c0 > lo);
-                    });
+                    if (nh > 0) attend_run(il, s, batch, idx, runs[w / (hp.n_head_kv * slices)], hk, h0, nh, n_kv, thread);
                 }
             });
+        }
+    }
+
+    // One work item of attend: query heads [h0, h0 + nh) of KV head hk for a run of tokens, over
+    // sequence s's cached rows. Scores are dot products straight on the cache rows, with the queries
+    // converted to the cache type's dot-product type as the reference does, all of the item's queries
+    // in one attention_scores call; V rows (in a latent cache: the tail of the K rows) are summed
+    // straight from the cache, the rows every token sees for all queries at once, each sum in row
+    // order, so every output is the one a token-by-token pass gives.
+    void attend_run(int il, int s, const Batch& batch, const std::vector<int>& idx, const TokenRun& run, int hk, int h0, int nh,
+                    int n_kv, int thread) {
+        const HParams& hp = model.hp;
+        const int hd_k = hp.head_dim_k, hd_v = hp.head_dim_v, nq = run.count * nh;
+        const bool swa = hp.swa_layer[il];
+        const bool v_from_k = kv.dim_v == 0;
+        const Type vt = v_from_k ? kv.type_k : kv.type_v;
+        const size_t v_stride = v_from_k ? kv.row_k : kv.row_v, v_head = row_bytes(vt, hd_v);
+        const size_t v_in_k = v_from_k ? row_bytes(kv.type_k, hp.n_rot) : 0;  // latent rows: [rope | latent]
+        auto v_row = [&](int c) { return v_from_k ? kv.k_row(il, s, c) + v_in_k : kv.v_row(il, s, c); };
+        // Positions [lo, hi) as runs of cells that are adjacent in the cache (pages may not be).
+        auto for_cells = [&](int lo, int hi, auto&& fn) {
+            for (int c0 = lo; c0 < hi;) {
+                int c1 = std::min(hi, (c0 / KVCache::kBlock + 1) * KVCache::kBlock);
+                while (c1 < hi && kv.cell(s, c1) == kv.cell(s, c1 - 1) + 1) c1 = std::min(hi, c1 + KVCache::kBlock);
+                fn(c0, c1);
+                c0 = c1;
+            }
+        };
+        // With an f16 V the reference multiplies V by the probabilities rounded to f16; doing the
+        // same keeps the next layer's 8-bit activation rounding in step with it.
+        const bool round_p = vt == Type::F16;
+        const Type qt = vec_dot_type(kv.type_k);
+        const size_t q_row = row_bytes(qt, hd_k), k_head = row_bytes(kv.type_k, hd_k);
+        // this thread's scratch: the scores (query j's at j * n_kv), the outputs (query j's at
+        // j * hd_v), the score kernels' scratch, rows dequantized for weighted_row_sums
+        std::vector<float>& scratch = thread_scores[thread];
+        const size_t need = (size_t)nq * (n_kv + hd_v) + 2 * (size_t)(nq + 1) * hd_k + hd_v;
+        if (scratch.size() < need) scratch.resize(need);
+        float* scores = scratch.data();
+        float* outs = scores + (size_t)nq * n_kv;
+        float* kernel_scratch = outs + (size_t)nq * hd_v;
+        float* deq = kernel_scratch + 2 * (size_t)(nq + 1) * hd_k;
+        std::vector<uint8_t>& qc = thread_queries[thread];
+        qc.resize(q_row * nq);
+        auto token = [&](int t) { return idx[run.first + t]; };
+        for (int t = 0; t < run.count; t++) {
+            const float* qrow = q.data() + ((int64_t)token(t) * hp.n_head + h0) * hd_k;
+            for (int j = 0; j < nh; j++) quantize_row(qt, qrow + j * hd_k, qc.data() + (t * nh + j) * q_row, hd_k);
+        }
+        // scores[j * n_kv + c] = K row c . query j over the rows any of the tokens sees
+        for_cells(run.from, run.to, [&](int c0, int c1) {
+            const uint8_t* rows = kv.k_row(il, s, c0) + hk * k_head;
+            if (!attention_scores(kv.type_k, rows, kv.row_k, c1 - c0, hd_k, qc.data(), q_row, nq, scores + c0, n_kv, kernel_scratch))
+                matmul_rows(kv.type_k, rows, kv.row_k, hd_k, 0, c1 - c0, qc.data(), q_row, nq, scores + c0, n_kv);
+        });
+        // out (+)= the probabilities of queries [j0, j0 + count) times V rows [lo, hi)
+        auto sum_rows = [&](int lo, int hi, int j0, int count) {
+            for_cells(lo, hi, [&](int c0, int c1) {
+                weighted_row_sums(vt, v_row(c0) + hk * v_head, v_stride, scores + (size_t)j0 * n_kv + c0, n_kv, count, c1 - c0, hd_v,
+                                  outs + (size_t)j0 * hd_v, hd_v, deq, true);
+            });
+        };
+        std::fill(outs, outs + (size_t)nq * hd_v, 0.0f);
+        for (int t = 0; t < run.count; t++) {
+            const int lo = seen_from(batch, token(t), swa), end = attention_end(batch, token(t));
+            for (int j = t * nh; j < (t + 1) * nh; j++) softmax_scaled(scores + (size_t)j * n_kv + lo, end - lo, hp.attn_scale, round_p);
+            sum_rows(lo, run.lo, t * nh, nh);  // the rows before the shared ones (a sliding window's)
+        }
+        sum_rows(run.lo, run.end, 0, nq);
+        for (int t = 0; t < run.count; t++) {
+            sum_rows(run.end, attention_end(batch, token(t)), t * nh, nh);  // the token's rows after the shared ones
+            float* o = attn.data() + ((int64_t)token(t) * hp.n_head + h0) * hd_v;
+            std::copy(outs + (size_t)t * nh * hd_v, outs + (size_t)(t + 1) * nh * hd_v, o);
         }
     }
 
