@@ -5118,6 +5118,23 @@ struct ScoresQ8_0 {
     }
 };
 LLM_AVX512_WARNINGS_OFF
+// The 8-lane sums of four rows' pair registers (rows[i]: row i's lanes of heads 2p and 2p + 1), all
+// eight at once in hsum8's order (lane k + lane k + 4, then (0 + 2) + (1 + 3)), plus 0.0f as
+// scores_rows adds: rows 0..3 of the first head to out, of the second to second (when there is one).
+LLM_AVX512_INLINE void store_sums4(const __m512 rows[4], float* out, float* second) {
+    constexpr int kLow = _MM_SHUFFLE(2, 0, 2, 0), kHigh = _MM_SHUFFLE(3, 1, 3, 1);
+    // per head and row, s_k = lane k + lane k + 4: [row 0 h0, row 0 h1, row 1 h0, row 1 h1] x 4 lanes
+    const __m512 s01 = _mm512_add_ps(_mm512_shuffle_f32x4(rows[0], rows[1], kLow), _mm512_shuffle_f32x4(rows[0], rows[1], kHigh));
+    const __m512 s23 = _mm512_add_ps(_mm512_shuffle_f32x4(rows[2], rows[3], kLow), _mm512_shuffle_f32x4(rows[2], rows[3], kHigh));
+    // per 128-bit lane: [s0 + s2, s1 + s3] of s01's, then of s23's
+    const __m512 t = _mm512_add_ps(_mm512_shuffle_ps(s01, s23, _MM_SHUFFLE(1, 0, 1, 0)), _mm512_shuffle_ps(s01, s23, _MM_SHUFFLE(3, 2, 3, 2)));
+    // element 4k + j: (t0 + t1) of s01's lane k (j = 0) or s23's (j = 1)
+    const __m512 sums = _mm512_add_ps(_mm512_shuffle_ps(t, t, kLow), _mm512_shuffle_ps(t, t, kHigh));
+    const __m512 ordered = _mm512_add_ps(_mm512_permutexvar_ps(_mm512_setr_epi32(0, 8, 1, 9, 4, 12, 5, 13, 0, 0, 0, 0, 0, 0, 0, 0), sums),
+                                         _mm512_setzero_ps());
+    _mm_storeu_ps(out, _mm512_castps512_ps128(ordered));
+    if (second) _mm_storeu_ps(second, _mm512_extractf32x4_ps(ordered, 1));
+}
 // NR rows at a time: a head's sum over one row is a chain of dependent fmas, so several rows give
 // the core independent chains to overlap.
 template <class S, int NP, int NR>
@@ -5131,6 +5148,14 @@ LLM_AVX512VNNI_FN void scores_rows(const uint8_t* rows, size_t stride, int64_t d
     for (int64_t d = 0; d < dim; d += S::kValues)
 #pragma GCC unroll 4
         for (int i = 0; i < NR; i++) S::template add<NP>(rows + i * stride, d, dim, qp, acc[i]);
+    if constexpr (NR == 4) {
+#pragma GCC unroll 4
+        for (int p = 0; p < NP; p++) {
+            const __m512 rows[4] = {acc[0][p], acc[1][p], acc[2][p], acc[3][p]};
+            store_sums4(rows, out + 2 * p * out_stride, 2 * p + 1 < heads ? out + (2 * p + 1) * out_stride : nullptr);
+        }
+        return;
+    }
 #pragma GCC unroll 4
     for (int i = 0; i < NR; i++)
 #pragma GCC unroll 4
