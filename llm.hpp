@@ -2856,6 +2856,23 @@ LLM_AVX2_INLINE void prefetch_ahead(const void* p) {
 #pragma GCC unroll 64
     for (size_t o = 0; o < Bytes; o += 64) _mm_prefetch((const char*)p + kPrefetchBytes + o, _MM_HINT_T0);
 }
+// hsum8 of eight registers at once, in its order of additions (lane k + lane k + 4, then
+// (0 + 2) + (1 + 3)): element e of the result is hsum8(v[kHsum8x8Order[e]]).
+constexpr int kHsum8x8Order[8] = {0, 2, 4, 6, 1, 3, 5, 7};
+LLM_AVX2_INLINE __m256 hsum8x8(const __m256 v[8]) {
+    // s[i]: the s_k = lane k + lane k + 4 of v[2i] (low half) and v[2i + 1] (high half)
+    __m256 s[4];
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++)
+        s[i] = _mm256_add_ps(_mm256_permute2f128_ps(v[2 * i], v[2 * i + 1], 0x20), _mm256_permute2f128_ps(v[2 * i], v[2 * i + 1], 0x31));
+    // per half: [s0 + s2, s1 + s3] of s[2j]'s, then of s[2j + 1]'s
+    __m256 t[2];
+#pragma GCC unroll 2
+    for (int j = 0; j < 2; j++)
+        t[j] = _mm256_add_ps(_mm256_shuffle_ps(s[2 * j], s[2 * j + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm256_shuffle_ps(s[2 * j], s[2 * j + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    return _mm256_add_ps(_mm256_shuffle_ps(t[0], t[1], _MM_SHUFFLE(2, 0, 2, 0)), _mm256_shuffle_ps(t[0], t[1], _MM_SHUFFLE(3, 1, 3, 1)));
+}
 // NR > 1: NR weight rows, w_stride bytes apart, at once (each activation block is loaded once per
 // row from L1, and the NR x NC sums are independent chains); out[c * ld + r]. The per-(row, column)
 // arithmetic is that of NR = 1.
@@ -2887,6 +2904,17 @@ LLM_AVX2_INLINE void tile(int64_t n, const uint8_t* W, const uint8_t* A, size_t 
                 const float* s = K::kActScales ? S + c * ss + b : nullptr;
                 K::template dot<Ops>(d, (const Y*)(A + c * as) + b, s, nb, acc[r][c], macc[r][c]);
             }
+        }
+    }
+    if constexpr (NR * NC == 8) {
+        if (nb * K::kBlock == n) {  // no tail: the eight sums in one shuffle network (short rows: attention scores)
+            alignas(32) float sums[8], added[8];
+#pragma GCC unroll 8
+            for (int e = 0; e < 8; e++) added[e] = macc[kHsum8x8Order[e] / NC][kHsum8x8Order[e] % NC];
+            _mm256_store_ps(sums, _mm256_add_ps(hsum8x8(&acc[0][0]), _mm256_load_ps(added)));
+#pragma GCC unroll 8
+            for (int e = 0; e < 8; e++) out[kHsum8x8Order[e] % NC * ld + kHsum8x8Order[e] / NC] = sums[e];
+            return;
         }
     }
 #pragma GCC unroll 4
