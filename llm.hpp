@@ -2857,14 +2857,11 @@ LLM_AVX2_INLINE void prefetch_ahead(const void* p) {
     for (size_t o = 0; o < Bytes; o += 64) _mm_prefetch((const char*)p + kPrefetchBytes + o, _MM_HINT_T0);
 }
 // hsum8 of eight registers at once, in its order of additions (lane k + lane k + 4, then
-// (0 + 2) + (1 + 3)): element e of the result is hsum8(v[kHsum8x8Order[e]]).
+// (0 + 2) + (1 + 3)): element e of the result is hsum8(v[kHsum8x8Order[e]]). The last two steps take
+// s[i], the s_k = lane k + lane k + 4 of v[2i] (low half) and v[2i + 1] (high half), so a caller
+// that forms those its own way (AVX-512's store_sums4) shares them.
 constexpr int kHsum8x8Order[8] = {0, 2, 4, 6, 1, 3, 5, 7};
-LLM_AVX2_INLINE __m256 hsum8x8(const __m256 v[8]) {
-    // s[i]: the s_k = lane k + lane k + 4 of v[2i] (low half) and v[2i + 1] (high half)
-    __m256 s[4];
-#pragma GCC unroll 4
-    for (int i = 0; i < 4; i++)
-        s[i] = _mm256_add_ps(_mm256_permute2f128_ps(v[2 * i], v[2 * i + 1], 0x20), _mm256_permute2f128_ps(v[2 * i], v[2 * i + 1], 0x31));
+LLM_AVX2_INLINE __m256 hsum8x8_of_halves(const __m256 s[4]) {
     // per half: [s0 + s2, s1 + s3] of s[2j]'s, then of s[2j + 1]'s
     __m256 t[2];
 #pragma GCC unroll 2
@@ -2872,6 +2869,13 @@ LLM_AVX2_INLINE __m256 hsum8x8(const __m256 v[8]) {
         t[j] = _mm256_add_ps(_mm256_shuffle_ps(s[2 * j], s[2 * j + 1], _MM_SHUFFLE(1, 0, 1, 0)),
                              _mm256_shuffle_ps(s[2 * j], s[2 * j + 1], _MM_SHUFFLE(3, 2, 3, 2)));
     return _mm256_add_ps(_mm256_shuffle_ps(t[0], t[1], _MM_SHUFFLE(2, 0, 2, 0)), _mm256_shuffle_ps(t[0], t[1], _MM_SHUFFLE(3, 1, 3, 1)));
+}
+LLM_AVX2_INLINE __m256 hsum8x8(const __m256 v[8]) {
+    __m256 s[4];
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++)
+        s[i] = _mm256_add_ps(_mm256_permute2f128_ps(v[2 * i], v[2 * i + 1], 0x20), _mm256_permute2f128_ps(v[2 * i], v[2 * i + 1], 0x31));
+    return hsum8x8_of_halves(s);
 }
 // NR > 1: NR weight rows, w_stride bytes apart, at once (each activation block is loaded once per
 // row from L1, and the NR x NC sums are independent chains); out[c * ld + r]. The per-(row, column)
@@ -5147,21 +5151,19 @@ struct ScoresQ8_0 {
 };
 LLM_AVX512_WARNINGS_OFF
 // The 8-lane sums of four rows' pair registers (rows[i]: row i's lanes of heads 2p and 2p + 1), all
-// eight at once in hsum8's order (lane k + lane k + 4, then (0 + 2) + (1 + 3)), plus 0.0f as
-// scores_rows adds: rows 0..3 of the first head to out, of the second to second (when there is one).
+// eight at once in hsum8's order (hsum8x8's last steps), plus 0.0f as scores_rows adds: rows 0..3 of
+// the first head to out, of the second to second (when there is one).
 LLM_AVX512_INLINE void store_sums4(const __m512 rows[4], float* out, float* second) {
     constexpr int kLow = _MM_SHUFFLE(2, 0, 2, 0), kHigh = _MM_SHUFFLE(3, 1, 3, 1);
-    // per head and row, s_k = lane k + lane k + 4: [row 0 h0, row 0 h1, row 1 h0, row 1 h1] x 4 lanes
+    // s_k = lane k + lane k + 4 of [row 0 h0, row 0 h1 | row 1 h0, row 1 h1], then of rows 2 and 3
     const __m512 s01 = _mm512_add_ps(_mm512_shuffle_f32x4(rows[0], rows[1], kLow), _mm512_shuffle_f32x4(rows[0], rows[1], kHigh));
     const __m512 s23 = _mm512_add_ps(_mm512_shuffle_f32x4(rows[2], rows[3], kLow), _mm512_shuffle_f32x4(rows[2], rows[3], kHigh));
-    // per 128-bit lane: [s0 + s2, s1 + s3] of s01's, then of s23's
-    const __m512 t = _mm512_add_ps(_mm512_shuffle_ps(s01, s23, _MM_SHUFFLE(1, 0, 1, 0)), _mm512_shuffle_ps(s01, s23, _MM_SHUFFLE(3, 2, 3, 2)));
-    // element 4k + j: (t0 + t1) of s01's lane k (j = 0) or s23's (j = 1)
-    const __m512 sums = _mm512_add_ps(_mm512_shuffle_ps(t, t, kLow), _mm512_shuffle_ps(t, t, kHigh));
-    const __m512 ordered = _mm512_add_ps(_mm512_permutexvar_ps(_mm512_setr_epi32(0, 8, 1, 9, 4, 12, 5, 13, 0, 0, 0, 0, 0, 0, 0, 0), sums),
-                                         _mm512_setzero_ps());
-    _mm_storeu_ps(out, _mm512_castps512_ps128(ordered));
-    if (second) _mm_storeu_ps(second, _mm512_extractf32x4_ps(ordered, 1));
+    // as hsum8x8's v[2 * row + head]: elements 0..3 are the first head's rows, 4..7 the second's
+    const __m256 s[4] = {_mm512_castps512_ps256(s01), _mm512_extractf32x8_ps(s01, 1), _mm512_castps512_ps256(s23),
+                         _mm512_extractf32x8_ps(s23, 1)};
+    const __m256 sums = _mm256_add_ps(hsum8x8_of_halves(s), _mm256_setzero_ps());
+    _mm_storeu_ps(out, _mm256_castps256_ps128(sums));
+    if (second) _mm_storeu_ps(second, _mm256_extractf128_ps(sums, 1));
 }
 // NR rows at a time: a head's sum over one row is a chain of dependent fmas, so several rows give
 // the core independent chains to overlap.
