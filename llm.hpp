@@ -1222,6 +1222,7 @@ void rope_angles(const HParams& hp, const float* freq_factors, int pos, float ba
 #include <cctype>
 #include <functional>
 #include <mutex>
+#include <new>
 #include <random>
 #include <set>
 #include <thread>
@@ -1256,6 +1257,32 @@ namespace llm {
     va_end(ap);
     throw Error(buf);
 }
+
+// Buffers on 64-byte cache lines. A matmul's 16-row group of outputs is 64 bytes per column, whole
+// lines only on an aligned buffer; malloc's large blocks start 16 bytes into a page, so each output
+// line was shared by two row groups written far apart and came from L3 twice in a prompt. The AVX2
+// tiles (which store 8-row halves) lost most: SmolLM2 pp512 on avx2 rose 12-25 % once aligned (the
+// AVX-512 tiles store whole groups and did not change). A KV cache row of 128 bytes also touched
+// three lines instead of two.
+constexpr std::align_val_t kLineAlign{64};
+template <class T>
+struct LineAllocator {
+    using value_type = T;
+    LineAllocator() = default;
+    template <class U> LineAllocator(const LineAllocator<U>&) {}
+    T* allocate(size_t n) { return (T*)::operator new(n * sizeof(T), kLineAlign); }
+    void deallocate(T* p, size_t) { ::operator delete(p, kLineAlign); }
+    template <class U> bool operator==(const LineAllocator<U>&) const { return true; }
+    template <class U> bool operator!=(const LineAllocator<U>&) const { return false; }
+};
+// The forward pass's scratch.
+using Scratch = std::vector<float, LineAllocator<float>>;
+// Bytes on cache lines, not value-initialized (a KV cache's pages are committed as tokens are written).
+struct LineFree {
+    void operator()(uint8_t* p) const { ::operator delete[](p, kLineAlign); }
+};
+using LineBytes = std::unique_ptr<uint8_t[], LineFree>;
+inline LineBytes line_bytes(size_t n) { return LineBytes(new (kLineAlign) uint8_t[n]); }
 
 // IEEE half <-> float, bit-exact with the F16C instructions (round to nearest even), so scalar and
 // SIMD paths agree.
@@ -14043,7 +14070,7 @@ struct KVCache {
     int seq_cap = 0;                     // most positions one sequence may hold
     int64_t dim_k = 0, dim_v = 0;        // row widths (elements)
     size_t row_k = 0, row_v = 0;         // row widths (bytes)
-    std::vector<std::unique_ptr<uint8_t[]>> k, v;  // per layer: n_blocks * kBlock rows
+    std::vector<LineBytes> k, v;  // per layer: n_blocks * kBlock rows
     std::vector<int> seq_len;
     std::vector<std::vector<int>> pages;  // per sequence: the blocks holding positions 0, 16, 32, ...
     std::vector<int> free_blocks;
@@ -14079,8 +14106,8 @@ struct KVCache {
         const size_t cells = (size_t)n_blocks * kBlock;
         for (int il = 0; il < n_cpu_layers; il++) {  // an offload device holds the other layers' rows
             // new[] without value-initialization: pages are only committed as tokens are written.
-            k.emplace_back(new uint8_t[cells * row_k]);
-            v.emplace_back(row_v ? new uint8_t[cells * row_v] : nullptr);
+            k.push_back(line_bytes(cells * row_k));
+            v.push_back(row_v ? line_bytes(cells * row_v) : nullptr);
         }
         seq_len.assign(n_seq, 0);
         pages.assign(n_seq, {});
@@ -14406,14 +14433,14 @@ struct Attention {
     KVCache& kv;
     ThreadPool& pool;
     MatMuls& matmul;
-    std::vector<float> q, k, v;  // a batch's queries (n x n_head x head_dim_k) and keys and values as cached
-    std::vector<float> attn;     // the heads' outputs before wo (n x n_head x head_dim_v)
+    Scratch q, k, v;  // a batch's queries (n x n_head x head_dim_k) and keys and values as cached
+    Scratch attn;     // the heads' outputs before wo (n x n_head x head_dim_v)
     std::vector<float> rope_cs;  // cos/sin pairs at one position, one set per thread
     std::vector<std::vector<float>> thread_scores;    // each thread's scores and dequantized rows
     std::vector<std::vector<uint8_t>> thread_queries;  // each thread's queries in the cache's dot-product type
     // MLA: the projected query and [latent | rope] row, the query's low-rank step, the per-head
     // products' inputs and outputs (k_b, v_b), and the v_b heads side by side (wo's input).
-    std::vector<float> q_proj, kv_a, q_lora, heads_in, heads_out, v_heads;
+    Scratch q_proj, kv_a, q_lora, heads_in, heads_out, v_heads;
 
     Attention(const Model& m, KVCache& cache, ThreadPool& threads, MatMuls& matmuls)
         : model(m), kv(cache), pool(threads), matmul(matmuls), thread_scores(threads.size()), thread_queries(threads.size()) {}
@@ -14735,7 +14762,7 @@ struct Ffn {
     // The gate and up projections (experts: their tokens' rows, in expert order, then the shared
     // experts' rows), the router's logits (n x n_expert), each expert's tokens gathered and its outputs
     // (in expert order), and the shared experts' output (n x n_embd).
-    std::vector<float> gate_out, up_out, router, routed_in, routed_out, shared_out;
+    Scratch gate_out, up_out, router, routed_in, routed_out, shared_out;
     // Which tokens chose each expert (route's result): users[e] the (token, weight) pairs of expert e,
     // first[e] the row of its first token in the expert-ordered buffers (first[n_expert]: all rows).
     struct Routing {
@@ -14882,7 +14909,7 @@ struct EmbeddingsOutput {
     MatMuls& matmul;
     Pooling pooling = Pooling::None;
     int n_seq = 0, n_embd_out = 0, n_embd_rows = 0;
-    std::vector<float> embd, embd_pooled, rank_in, rank_hidden, rank_scores;
+    Scratch embd, embd_pooled, rank_in, rank_hidden, rank_scores;
     std::vector<uint8_t> pooled_ready;
 
     EmbeddingsOutput(const Model& m, MatMuls& matmuls) : model(m), matmul(matmuls) {}
@@ -14971,12 +14998,12 @@ struct Context::Impl {
     KVCache kv;
     Attention attention{model, kv, pool, matmul};
     Ffn ffn{model, pool, matmul, params.moe_grouped};
-    std::vector<float> logits;  // n_logits x n_vocab
+    Scratch logits;  // n_logits x n_vocab
     int n_logits = 0;
     // Scratch of a batch, n x n_embd: the residual stream, its normed copy (a block's input, the output
     // head's), a block's output (attention's or the FFN's); and one embedding row (the encoder's
     // position and token type rows).
-    std::vector<float> x, cur, sublayer_out, embd_row;
+    Scratch x, cur, sublayer_out, embd_row;
     EmbeddingsOutput embeddings{model, matmul};  // embeddings mode's results
     std::unique_ptr<OffloadBackend> device;     // runs the layers the model placed on a device
     const TensorInfo head = output_head(model, params.head_vocab);  // the output rows computed
