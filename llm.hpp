@@ -59,6 +59,7 @@
 #include <map>
 #include <random>
 #include <memory>
+#include <new>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -688,6 +689,15 @@ struct ModelOptions {
 // and the quantizer share, so neither accepts a file the other rejects. Throws Error.
 HParams read_hparams(const GGUF& g);
 
+// Bytes on 64-byte cache lines, not value-initialized (pages are committed as they are first written:
+// the repacked weights by the repacking, a KV cache's as tokens arrive). Why lines: see LineAllocator.
+constexpr std::align_val_t kLineAlign{64};
+struct LineFree {
+    void operator()(uint8_t* p) const { ::operator delete[](p, kLineAlign); }
+};
+using LineBytes = std::unique_ptr<uint8_t[], LineFree>;
+inline LineBytes line_bytes(size_t n) { return LineBytes(new (kLineAlign) uint8_t[n]); }
+
 class Model {
 public:
     static std::unique_ptr<Model> load(const std::string& path, const ModelOptions& opt = {});
@@ -704,7 +714,7 @@ public:
     Placement placement;         // none unless ModelOptions::n_gpu_layers and a driver that found a device
     std::vector<std::vector<uint8_t>> derived;  // tensors made at load (legacy MLA k_b, transposed)
     std::vector<std::unique_ptr<TensorInfo>> interleaved;  // repacked dense weights (the layers point here)
-    std::unique_ptr<uint8_t[]> interleaved_data;            // all repacked weights' bytes
+    LineBytes interleaved_data;                             // all repacked weights' bytes, groups on cache lines
     size_t interleaved_bytes = 0;
     size_t weight_bytes() const;  // bytes of all tensors
     size_t n_params() const;
@@ -1222,7 +1232,6 @@ void rope_angles(const HParams& hp, const float* freq_factors, int pos, float ba
 #include <cctype>
 #include <functional>
 #include <mutex>
-#include <new>
 #include <random>
 #include <set>
 #include <thread>
@@ -1264,7 +1273,6 @@ namespace llm {
 // tiles (which store 8-row halves) lost most: SmolLM2 pp512 on avx2 rose 12-25 % once aligned (the
 // AVX-512 tiles store whole groups and did not change). A KV cache row of 128 bytes also touched
 // three lines instead of two.
-constexpr std::align_val_t kLineAlign{64};
 template <class T>
 struct LineAllocator {
     using value_type = T;
@@ -1277,12 +1285,6 @@ struct LineAllocator {
 };
 // The forward pass's scratch.
 using Scratch = std::vector<float, LineAllocator<float>>;
-// Bytes on cache lines, not value-initialized (a KV cache's pages are committed as tokens are written).
-struct LineFree {
-    void operator()(uint8_t* p) const { ::operator delete[](p, kLineAlign); }
-};
-using LineBytes = std::unique_ptr<uint8_t[], LineFree>;
-inline LineBytes line_bytes(size_t n) { return LineBytes(new (kLineAlign) uint8_t[n]); }
 
 // IEEE half <-> float, bit-exact with the F16C instructions (round to nearest even), so scalar and
 // SIMD paths agree.
@@ -13980,8 +13982,8 @@ static std::vector<const uint8_t*> interleave_weights(Model& m) {
     if (todo.empty()) return replaced;
     size_t total = 0;
     for (const TensorInfo* t : todo) total += t->nbytes;
-    m.interleaved_data.reset(new uint8_t[total + 63]);  // not zeroed: the first write is the repacking's
-    uint8_t* base = m.interleaved_data.get() + (-(uintptr_t)m.interleaved_data.get() & 63);  // groups on cache lines
+    m.interleaved_data = line_bytes(total);
+    uint8_t* base = m.interleaved_data.get();
     std::vector<uint8_t*> dst(todo.size());
     for (size_t i = 0, off = 0; i < todo.size(); off += todo[i]->nbytes, i++) dst[i] = base + off;
     // Work in slices of about 1 MiB of rows (a large embedding is shared out too); each slice's
@@ -14036,7 +14038,7 @@ std::unique_ptr<Model> Model::load(const std::string& path, const ModelOptions& 
         // repacked are not pinned (that would read them back in); their copy is.
         std::sort(replaced.begin(), replaced.end());
         std::vector<std::pair<const void*, size_t>> ranges;
-        if (m->interleaved_bytes) ranges.emplace_back(m->interleaved_data.get(), m->interleaved_bytes + 63);
+        if (m->interleaved_bytes) ranges.emplace_back(m->interleaved_data.get(), m->interleaved_bytes);
         for (const auto& t : m->gguf->tensors)
             if (!std::binary_search(replaced.begin(), replaced.end(), t.data)) ranges.emplace_back(t.data, t.nbytes);
         for (const auto& [data, size] : ranges) {
@@ -14161,18 +14163,29 @@ struct KVCache {
 //                     batch's checks, the device layers' hand-off (offload)
 
 // ---- Ops -----------------------------------------------------------------------------------
-// y = x / rms(x) * w for n rows of `dim` values spaced `stride` apart (sum of squares in double, as
-// the reference). The rows are split over the threads: a prefill's norms (gemma3: six per layer, per
-// head for q and k) are serial chains of double additions, too long for one thread.
+// The sum of x[j]^2 over n values: each square in float and summed in double, as the reference's
+// norms do, but in eight interleaved partial sums; one serial chain of double additions made the
+// norms latency-bound (gemma3's six per layer, and per head for q and k: 4 % of its prefill). The
+// order of the additions differs from the reference's only far below float precision.
+double sum_squares(const float* x, int64_t n) {
+    double part[8] = {};
+    int64_t j = 0;
+    for (; j + 8 <= n; j += 8)
+        for (int p = 0; p < 8; p++) part[p] += (double)(x[j + p] * x[j + p]);
+    double sum = 0;
+    for (double s : part) sum += s;
+    for (; j < n; j++) sum += (double)(x[j] * x[j]);
+    return sum;
+}
+// y = x / rms(x) * w for n rows of `dim` values spaced `stride` apart; the rows are split over the
+// threads.
 void rms_norm(ThreadPool& pool, float* data, const TensorInfo* w, float eps, int n, int64_t dim, int64_t stride = 0) {
     if (stride == 0) stride = dim;
     const float* wt = (const float*)w->data;
     pool.parallel_for(n, std::max<int64_t>(1, 16384 / dim), [&](int64_t b, int64_t e, int) {
         for (int64_t i = b; i < e; i++) {
             float* r = data + i * stride;
-            double sum = 0;
-            for (int64_t j = 0; j < dim; j++) sum += (double)r[j] * r[j];
-            const float scale = 1.0f / std::sqrt((float)(sum / dim) + eps);
+            const float scale = 1.0f / std::sqrt((float)(sum_squares(r, dim) / dim) + eps);
             for (int64_t j = 0; j < dim; j++) r[j] = r[j] * scale * wt[j];
         }
     });
@@ -14329,14 +14342,11 @@ void layer_norm(float* data, const TensorInfo* w, const TensorInfo* b, float eps
     const float* bt = (const float*)b->data;
     for (int i = 0; i < n; i++) {
         float* r = data + i * dim;
-        double sum = 0, sq = 0;
+        double sum = 0;
         for (int64_t j = 0; j < dim; j++) sum += r[j];
         const float mean = (float)(sum / dim);
-        for (int64_t j = 0; j < dim; j++) {
-            r[j] -= mean;
-            sq += (double)r[j] * r[j];
-        }
-        const float scale = 1.0f / std::sqrt((float)(sq / dim) + eps);
+        for (int64_t j = 0; j < dim; j++) r[j] -= mean;
+        const float scale = 1.0f / std::sqrt((float)(sum_squares(r, dim) / dim) + eps);
         for (int64_t j = 0; j < dim; j++) r[j] = r[j] * scale * wt[j] + bt[j];
     }
 }
