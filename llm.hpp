@@ -4147,9 +4147,11 @@ struct RowsB32 {
                 const int h = h0 + hh;
                 __m256i u[8], u_abs[8];
                 if constexpr (kHasBytes<G>) {
+#pragma GCC unroll 8
                     for (int i = 0; i < 8; i++)
                         u[i] = kSigned ? _mm256_xor_si256(load256(B.qs[i] + 32 * h), _mm256_set1_epi8((char)0x80)) : load256(B.qs[i] + 32 * h);
                 } else {
+#pragma GCC unroll 4
                     for (int c = 0; c < 4; c++) {
                         const __m256i q = load256(B.qs[c] + 32 * h);
                         u[c] = _mm256_and_si256(q, _mm256_set1_epi8(0x0F));
@@ -4162,8 +4164,10 @@ struct RowsB32 {
                     for (int i = 0; i < 8; i++) u[i] = _mm256_or_si256(u[i], fifth_bits_half(planes, i));
                 }
                 if constexpr (Table)
+#pragma GCC unroll 8
                     for (int i = 0; i < 8; i++) u[i] = _mm256_shuffle_epi8(table, u[i]);
                 if constexpr (kSigned)
+#pragma GCC unroll 8
                     for (int i = 0; i < 8; i++) u_abs[i] = _mm256_abs_epi8(u[i]);
                 const __m256 dx = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(B.d + 8 * h)));
 #pragma GCC unroll 8
