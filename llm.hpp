@@ -2881,12 +2881,17 @@ struct K_bf16 : K_float<uint16_t, dot_half<bf16_to_fp32>, 2, K_bf16> {
 // (Llama-3.2-1B tg +12 %, docs/performance.md session 13); on the Intel host 6 KiB changed nothing.
 constexpr int kPrefetchBytes = 8192;
 // Prefetches the cache lines of `bytes` bytes, kPrefetchBytes ahead of p (the interleaved kernels'
-// weight stream: a group's blocks are consecutive, and the next group follows).
-template <size_t Bytes>
+// weight stream: a group's blocks are consecutive, and the next group follows), with
+// __builtin_prefetch's locality (3: prefetcht0; 0: prefetchnta).
+template <size_t Bytes, int Locality = 3>
 LLM_AVX2_INLINE void prefetch_ahead(const void* p) {
 #pragma GCC unroll 64
-    for (size_t o = 0; o < Bytes; o += 64) _mm_prefetch((const char*)p + kPrefetchBytes + o, _MM_HINT_T0);
+    for (size_t o = 0; o < Bytes; o += 64) __builtin_prefetch((const char*)p + kPrefetchBytes + o, 0, Locality);
 }
+// The AVX2 tiles' locality: prefetchnta. Zen 2, -t 2, interleaved against prefetcht0: tg64 SmolLM2
+// Q4_1 +5 %, Gemma 3 +3 %, SmolLM2-shape Q8_0 / Q4_K_M +3 %, pp512 +2-7 %, Llama-1B shape equal
+// (docs/performance.md, session 14). The AVX-512 tiles keep prefetcht0 (tuned on Intel).
+constexpr int kAvx2Locality = 0;
 // hsum8 of eight registers at once, in its order of additions (lane k + lane k + 4, then
 // (0 + 2) + (1 + 3)): element e of the result is hsum8(v[kHsum8x8Order[e]]). The last two steps take
 // s[i], the s_k = lane k + lane k + 4 of v[2i] (low half) and v[2i + 1] (high half), so a caller
@@ -4012,7 +4017,7 @@ struct RowsB32 {
         for (int c = 0; c < NC; c++) acc[c] = _mm256_setzero_ps();
         for (int64_t b = 0; b < nb; b++) {
             const G& B = x[b];
-            if (h == 0) prefetch_ahead<sizeof(G)>(&B);
+            if (h == 0) prefetch_ahead<sizeof(G), kAvx2Locality>(&B);
             const int8_t* yq[NC];
             __m256i sum[NC], run[NC];
 #pragma GCC unroll 8
@@ -4079,7 +4084,7 @@ struct RowsB32 {
         acc.clear();
         for (int64_t b = 0; b < nb; b++) {
             const G& B = x[b];
-            prefetch_ahead<sizeof(G)>(&B);
+            prefetch_ahead<sizeof(G), kAvx2Locality>(&B);
             alignas(32) uint8_t high[NC][32], low[NC][32];  // the signed types: each column's yh and yl
             if constexpr (kSigned) {
 #pragma GCC unroll 8
@@ -4143,7 +4148,7 @@ struct RowsB32 {
         acc.clear();
         for (int64_t b = 0; b < nb; b++) {
             const G& B = x[b];
-            prefetch_ahead<sizeof(G)>(&B);
+            prefetch_ahead<sizeof(G), kAvx2Locality>(&B);
 #pragma GCC unroll 2
             for (int hh = 0; hh < NH; hh++) {
                 const int h = h0 + hh;
@@ -4236,7 +4241,7 @@ struct RowsQ45K {
                 __m256i isum[NC];
                 for (int c = 0; c < NC; c++) isum[c] = _mm256_setzero_si256();
                 for (int sb = 0; sb < 8; sb++) {
-                    if (hh == 0) prefetch_ahead<sizeof(G) / 8>((const char*)&B + sb * (sizeof(G) / 8));
+                    if (hh == 0) prefetch_ahead<sizeof(G) / 8, kAvx2Locality>((const char*)&B + sb * (sizeof(G) / 8));
                     __m256i u[8];  // values 4i..4i+3 of the sub-block
 #pragma GCC unroll 4
                     for (int ch = 0; ch < 4; ch++) {
@@ -4311,7 +4316,7 @@ struct RowsK16 {
                 for (int c = 0; c < NC; c++) isum[c] = _mm256_setzero_si256();
 #pragma GCC unroll 16  // constant shift counts in group / group_half (variable ones cost a vpsrlw by xmm each)
                 for (int sb = 0; sb < 16; sb++) {
-                    if (hh == 0) prefetch_ahead<sizeof(G) / 16>((const char*)&B + sb * (sizeof(G) / 16));
+                    if (hh == 0) prefetch_ahead<sizeof(G) / 16, kAvx2Locality>((const char*)&B + sb * (sizeof(G) / 16));
                     __m256i u[4];
 #pragma GCC unroll 4
                     for (int j = 0; j < 4; j++) u[j] = T::group_half(B, 4 * sb + j, h);

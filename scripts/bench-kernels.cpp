@@ -8,6 +8,7 @@
 //   g++ -O2 -std=c++17 -pthread -o build/bench-kernels scripts/bench-kernels.cpp
 //   build/bench-kernels [TYPES] [TIERS] [COLUMNS] [REPS]
 //   build/bench-kernels "q8_0 q6_K" "avx2 avxvnni avx512" "1 64" 5
+// CACHE_ROWS=128 (a multiple of 16) shrinks the in-cache matrix, e.g. to fit in L2.
 #define LLM_IMPLEMENTATION
 #include "../llm.hpp"
 
@@ -115,7 +116,7 @@ int main(int argc, char** argv) {
     const std::vector<std::string> columns = words(argc > 3 ? argv[3] : "1 64");
     const int reps = argc > 4 ? std::max(1, atoi(argv[4])) : 5;
     std::mt19937 rng(1);
-    const int64_t k = 2048, cache_rows = 1024;
+    const int64_t k = 2048, cache_rows = getenv("CACHE_ROWS") ? std::max(16, atoi(getenv("CACHE_ROWS")) / 16 * 16) : 1024;
     printf("CPU kernels, one thread, thread CPU time (best of %d); in cache: %lld x %lld; streamed: ~48 MiB\n", reps,
            (long long)cache_rows, (long long)k);
     printf("one thread's streaming sum of 48 MiB: %.2f GB/s\n", stream_sum_gbs(reps));
