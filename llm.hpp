@@ -2889,7 +2889,8 @@ LLM_AVX2_INLINE void prefetch_ahead(const void* p) {
     for (size_t o = 0; o < Bytes; o += 64) __builtin_prefetch((const char*)p + kPrefetchBytes + o, 0, Locality);
 }
 // The AVX2 tiles' locality: prefetchnta. Zen 2, -t 2, interleaved against prefetcht0: tg64 SmolLM2
-// Q4_1 +5 %, Gemma 3 +3 %, SmolLM2-shape Q8_0 / Q4_K_M +3 %, pp512 +2-7 %, Llama-1B shape equal
+// Q4_1 +5 %, Gemma 3 +3 %, SmolLM2-shape Q8_0 / Q4_K_M +3 %, Llama-1B shape equal; pp512 SmolLM2 shape
+// +2-8 %, Gemma 3 +0-2 %
 // (docs/performance.md, session 14). The AVX-512 tiles keep prefetcht0 (tuned on Intel).
 constexpr int kAvx2Locality = 0;
 // hsum8 of eight registers at once, in its order of additions (lane k + lane k + 4, then
