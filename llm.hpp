@@ -2487,6 +2487,7 @@ struct CpuFeatures {
     bool avx512 = false;   // AVX-512 F/BW/VL/DQ, OS saves ZMM state
     bool vnni = false;     // AVX-512 VNNI
     bool avxvnni = false;  // AVX-VNNI (VEX-encoded vpdpbusd on 256-bit registers)
+    bool amd = false;      // vendor AuthenticAMD or HygonGenuine (Zen cores): the AVX2 tiles' prefetch hint
 };
 
 inline CpuFeatures detect_cpu() {
@@ -2498,6 +2499,8 @@ inline CpuFeatures detect_cpu() {
     uint32_t r[4];
     cpuid(0, 0, r);
     const uint32_t max_leaf = r[0];
+    f.amd = (r[1] == 0x68747541 && r[3] == 0x69746e65 && r[2] == 0x444d4163) ||  // "Auth" "enti" "cAMD"
+            (r[1] == 0x6f677948 && r[3] == 0x6e65476e && r[2] == 0x656e6975);    // "Hygo" "nGen" "uine"
     if (max_leaf < 7) return f;
     cpuid(1, 0, r);
     const bool osxsave = r[2] >> 27 & 1, avx = r[2] >> 28 & 1, fma = r[2] >> 12 & 1, f16c = r[2] >> 29 & 1;
@@ -2582,6 +2585,7 @@ struct IsaKernels {
 // kVnni: dpbusd(acc, a, b) (acc + the same sums, exact in int32) exists.
 struct OpsAVX2 {
     static constexpr bool kVnni = false;
+    static constexpr int kLocality = 3;  // of the weight stream's prefetches (prefetch_ahead)
     static LLM_AVX2_INLINE __m256i dot_us(__m256i a, __m256i b) {
         return _mm256_madd_epi16(_mm256_maddubs_epi16(a, b), _mm256_set1_epi16(1));
     }
@@ -2600,8 +2604,12 @@ struct OpsVNNI {
     }
 };
 // AVX-VNNI: the same instructions VEX-encoded (no AVX-512 needed); wrappers as in OpsVNNI.
+struct OpsAVX2Nta : OpsAVX2 {
+    static constexpr int kLocality = 0;  // prefetchnta, on AMD (see prefetch_ahead)
+};
 struct OpsAVXVNNI {
     static constexpr bool kVnni = true;
+    static constexpr int kLocality = 3;
     static inline LLM_AVXVNNI_FN __m256i dpbusd(__m256i acc, __m256i a, __m256i b) { return _mm256_dpbusd_avx_epi32(acc, a, b); }
     static inline LLM_AVXVNNI_FN __m256i dot_us(__m256i a, __m256i b) { return dpbusd(_mm256_setzero_si256(), a, b); }
     static inline LLM_AVXVNNI_FN __m256i madd_add(__m256i acc, __m256i a, __m256i b) { return _mm256_dpwssd_avx_epi32(acc, a, b); }
@@ -2888,11 +2896,12 @@ LLM_AVX2_INLINE void prefetch_ahead(const void* p) {
 #pragma GCC unroll 64
     for (size_t o = 0; o < Bytes; o += 64) __builtin_prefetch((const char*)p + kPrefetchBytes + o, 0, Locality);
 }
-// The AVX2 tiles' locality: prefetchnta. Zen 2, -t 2, interleaved against prefetcht0: tg64 SmolLM2
-// Q4_1 +5 %, Gemma 3 +3 %, SmolLM2-shape Q8_0 / Q4_K_M +3 %, Llama-1B shape equal; pp512 SmolLM2 shape
-// +2-8 %, Gemma 3 +0-2 %
-// (docs/performance.md, session 14). The AVX-512 tiles keep prefetcht0 (tuned on Intel).
-constexpr int kAvx2Locality = 0;
+// The AVX2 tiles' prefetches take their locality from the Ops: prefetcht0, and prefetchnta on AMD
+// (OpsAVX2Nta, chosen where the tiles are picked, avx2_tiles). Zen 2, -t 2, interleaved against
+// prefetcht0: tg64 SmolLM2 Q4_1 +5 %, Gemma 3 +3 %, SmolLM2-shape Q8_0 / Q4_K_M +3 %, Llama-1B shape
+// equal; pp512 SmolLM2 shape +2-8 % (docs/performance.md, session 14). On a Sapphire Rapids-class
+// Xeon the same hint made LLM_ISA=avx2 decode 2.7x slower on SmolLM2 Q4_1 and 1.6x on the Llama-1B
+// shape (session 15). A run-time test of the vendor per group instead cost Llama-1B tg 10 % there.
 // hsum8 of eight registers at once, in its order of additions (lane k + lane k + 4, then
 // (0 + 2) + (1 + 3)): element e of the result is hsum8(v[kHsum8x8Order[e]]). The last two steps take
 // s[i], the s_k = lane k + lane k + 4 of v[2i] (low half) and v[2i + 1] (high half), so a caller
@@ -4018,7 +4027,7 @@ struct RowsB32 {
         for (int c = 0; c < NC; c++) acc[c] = _mm256_setzero_ps();
         for (int64_t b = 0; b < nb; b++) {
             const G& B = x[b];
-            if (h == 0) prefetch_ahead<sizeof(G), kAvx2Locality>(&B);
+            if (h == 0) prefetch_ahead<sizeof(G), Ops::kLocality>(&B);
             const int8_t* yq[NC];
             __m256i sum[NC], run[NC];
 #pragma GCC unroll 8
@@ -4085,7 +4094,7 @@ struct RowsB32 {
         acc.clear();
         for (int64_t b = 0; b < nb; b++) {
             const G& B = x[b];
-            prefetch_ahead<sizeof(G), kAvx2Locality>(&B);
+            prefetch_ahead<sizeof(G), Ops::kLocality>(&B);
             alignas(32) uint8_t high[NC][32], low[NC][32];  // the signed types: each column's yh and yl
             if constexpr (kSigned) {
 #pragma GCC unroll 8
@@ -4149,7 +4158,7 @@ struct RowsB32 {
         acc.clear();
         for (int64_t b = 0; b < nb; b++) {
             const G& B = x[b];
-            prefetch_ahead<sizeof(G), kAvx2Locality>(&B);
+            prefetch_ahead<sizeof(G), Ops::kLocality>(&B);
 #pragma GCC unroll 2
             for (int hh = 0; hh < NH; hh++) {
                 const int h = h0 + hh;
@@ -4242,7 +4251,7 @@ struct RowsQ45K {
                 __m256i isum[NC];
                 for (int c = 0; c < NC; c++) isum[c] = _mm256_setzero_si256();
                 for (int sb = 0; sb < 8; sb++) {
-                    if (hh == 0) prefetch_ahead<sizeof(G) / 8, kAvx2Locality>((const char*)&B + sb * (sizeof(G) / 8));
+                    if (hh == 0) prefetch_ahead<sizeof(G) / 8, Ops::kLocality>((const char*)&B + sb * (sizeof(G) / 8));
                     __m256i u[8];  // values 4i..4i+3 of the sub-block
 #pragma GCC unroll 4
                     for (int ch = 0; ch < 4; ch++) {
@@ -4317,7 +4326,7 @@ struct RowsK16 {
                 for (int c = 0; c < NC; c++) isum[c] = _mm256_setzero_si256();
 #pragma GCC unroll 16  // constant shift counts in group / group_half (variable ones cost a vpsrlw by xmm each)
                 for (int sb = 0; sb < 16; sb++) {
-                    if (hh == 0) prefetch_ahead<sizeof(G) / 16, kAvx2Locality>((const char*)&B + sb * (sizeof(G) / 16));
+                    if (hh == 0) prefetch_ahead<sizeof(G) / 16, Ops::kLocality>((const char*)&B + sb * (sizeof(G) / 16));
                     __m256i u[4];
 #pragma GCC unroll 4
                     for (int j = 0; j < 4; j++) u[j] = T::group_half(B, 4 * sb + j, h);
@@ -4432,8 +4441,13 @@ struct InterleavedType {
 };
 #ifdef LLM_X86
 template <class Rows>
-std::array<Tile16Fn, 4> avx2_tiles() {
+std::array<Tile16Fn, 4> avx2_tiles_of() {
     return {tile16_avx2<Rows, 1>, tile16_avx2<Rows, 2>, tile16_avx2<Rows, 4>, tile16_avx2<Rows, 8>};
+}
+// The AVX2 tiles: RowsNta (the same rows on OpsAVX2Nta) on AMD, Rows (on OpsAVX2) elsewhere.
+template <class Rows, class RowsNta>
+std::array<Tile16Fn, 4> avx2_tiles() {
+    return cpu().amd ? avx2_tiles_of<RowsNta>() : avx2_tiles_of<Rows>();
 }
 template <class Rows>
 std::array<Tile16Fn, 4> avxvnni_tiles() {
@@ -4445,7 +4459,7 @@ InterleavedType interleaved_b32() {
     return {Offset != 0, interleave_group<X, G, interleave_b32<X, G>>, deinterleave_group<X, G, deinterleave_b32<X, G>>,
 #ifdef LLM_X86
             {tile16_b32<G, Offset, Table, 1>, tile16_b32<G, Offset, Table, 2>, tile16_b32<G, Offset, Table, 4>,
-             tile16_b32<G, Offset, Table, 8>}, avx2_tiles<RowsB32<G, Offset, Table, OpsAVX2>>(),
+             tile16_b32<G, Offset, Table, 8>}, avx2_tiles<RowsB32<G, Offset, Table, OpsAVX2>, RowsB32<G, Offset, Table, OpsAVX2Nta>>(),
             avxvnni_tiles<RowsB32<G, Offset, Table, OpsAVXVNNI>>()};
 #else
             {}, {}, {}};
@@ -4455,7 +4469,7 @@ template <class X, class G>
 InterleavedType interleaved_q45_K() {
     return {false, interleave_group<X, G, interleave_q45_K<X, G>>, deinterleave_group<X, G, deinterleave_q45_K<X, G>>,
 #ifdef LLM_X86
-            {tile16_q45_K<G, 1>, tile16_q45_K<G, 2>, tile16_q45_K<G, 4>, tile16_q45_K<G, 8>}, avx2_tiles<RowsQ45K<G, OpsAVX2>>(),
+            {tile16_q45_K<G, 1>, tile16_q45_K<G, 2>, tile16_q45_K<G, 4>, tile16_q45_K<G, 8>}, avx2_tiles<RowsQ45K<G, OpsAVX2>, RowsQ45K<G, OpsAVX2Nta>>(),
             avxvnni_tiles<RowsQ45K<G, OpsAVXVNNI>>()};
 #else
             {}, {}, {}};
@@ -4466,7 +4480,7 @@ InterleavedType interleaved_k16() {
     return {false, interleave_group<X, G, In>, deinterleave_group<X, G, Out>,
 #ifdef LLM_X86
             {tile16_k16<I16Of<G>, 1>, tile16_k16<I16Of<G>, 2>, tile16_k16<I16Of<G>, 4>, tile16_k16<I16Of<G>, 8>},
-            avx2_tiles<RowsK16<I16Of<G>, OpsAVX2>>(), avxvnni_tiles<RowsK16<I16Of<G>, OpsAVXVNNI>>()};
+            avx2_tiles<RowsK16<I16Of<G>, OpsAVX2>, RowsK16<I16Of<G>, OpsAVX2Nta>>(), avxvnni_tiles<RowsK16<I16Of<G>, OpsAVXVNNI>>()};
 #else
             {}, {}, {}};
 #endif
