@@ -2585,7 +2585,7 @@ struct IsaKernels {
 // kVnni: dpbusd(acc, a, b) (acc + the same sums, exact in int32) exists.
 struct OpsAVX2 {
     static constexpr bool kVnni = false;
-    static constexpr int kLocality = 3;  // of the weight stream's prefetches (prefetch_ahead)
+    static constexpr int kLocality = 2;  // of the weight stream's prefetches (prefetch_ahead)
     static LLM_AVX2_INLINE __m256i dot_us(__m256i a, __m256i b) {
         return _mm256_madd_epi16(_mm256_maddubs_epi16(a, b), _mm256_set1_epi16(1));
     }
@@ -2609,7 +2609,7 @@ struct OpsAVX2Nta : OpsAVX2 {
 };
 struct OpsAVXVNNI {
     static constexpr bool kVnni = true;
-    static constexpr int kLocality = 3;
+    static constexpr int kLocality = 2;
     static inline LLM_AVXVNNI_FN __m256i dpbusd(__m256i acc, __m256i a, __m256i b) { return _mm256_dpbusd_avx_epi32(acc, a, b); }
     static inline LLM_AVXVNNI_FN __m256i dot_us(__m256i a, __m256i b) { return dpbusd(_mm256_setzero_si256(), a, b); }
     static inline LLM_AVXVNNI_FN __m256i madd_add(__m256i acc, __m256i a, __m256i b) { return _mm256_dpwssd_avx_epi32(acc, a, b); }
@@ -2890,18 +2890,23 @@ struct K_bf16 : K_float<uint16_t, dot_half<bf16_to_fp32>, 2, K_bf16> {
 constexpr int kPrefetchBytes = 8192;
 // Prefetches the cache lines of `bytes` bytes, kPrefetchBytes ahead of p (the interleaved kernels'
 // weight stream: a group's blocks are consecutive, and the next group follows), with
-// __builtin_prefetch's locality (3: prefetcht0; 0: prefetchnta).
-template <size_t Bytes, int Locality = 3>
+// __builtin_prefetch's locality (2: prefetcht1, into L2; 0: prefetchnta).
+// prefetcht1 rather than t0: on a Sapphire Rapids-class Xeon, 1-column tiles streaming 1 GiB from
+// DRAM (bench-kernels STREAM_MIB=1024, one thread) read Q4_K 11.6 -> 14.2-15.3 GB/s, Q8_0 10.2 -> 14.2
+// (AVX2) and 14.3 -> 15.3 (AVX-512), Q4_1 +30-35 %, Q6_K +5 %; -t 2 tg64 Llama-1B shape 24 -> 31,
+// MoE bench 114-119 -> 139-143, Gemma 3 107 -> 119; pp512 unchanged, MoE pp8 +17 %
+// (docs/performance.md, session 15). On Zen 2 t1 was no better than t0 (session 14).
+template <size_t Bytes, int Locality = 2>
 LLM_AVX2_INLINE void prefetch_ahead(const void* p) {
 #pragma GCC unroll 64
     for (size_t o = 0; o < Bytes; o += 64) __builtin_prefetch((const char*)p + kPrefetchBytes + o, 0, Locality);
 }
-// The AVX2 tiles' prefetches take their locality from the Ops: prefetcht0, and prefetchnta on AMD
+// The AVX2 tiles' prefetches take their locality from the Ops: prefetcht1, and prefetchnta on AMD
 // (OpsAVX2Nta, chosen where the tiles are picked, avx2_tiles). Zen 2, -t 2, interleaved against
 // prefetcht0: tg64 SmolLM2 Q4_1 +5 %, Gemma 3 +3 %, SmolLM2-shape Q8_0 / Q4_K_M +3 %, Llama-1B shape
-// equal; pp512 SmolLM2 shape +2-8 % (docs/performance.md, session 14). On a Sapphire Rapids-class
-// Xeon the same hint made LLM_ISA=avx2 decode 2.7x slower on SmolLM2 Q4_1 and 1.6x on the Llama-1B
-// shape (session 15). A run-time test of the vendor per group instead cost Llama-1B tg 10 % there.
+// equal; pp512 SmolLM2 shape +2-8 % (docs/performance.md, session 14). On the Xeon prefetchnta made
+// LLM_ISA=avx2 decode 2.7x slower on SmolLM2 Q4_1 and 1.6x on the Llama-1B shape (session 15). A
+// run-time test of the vendor per group instead of two instantiations cost Llama-1B tg 10 % there.
 // hsum8 of eight registers at once, in its order of additions (lane k + lane k + 4, then
 // (0 + 2) + (1 + 3)): element e of the result is hsum8(v[kHsum8x8Order[e]]). The last two steps take
 // s[i], the s_k = lane k + lane k + 4 of v[2i] (low half) and v[2i + 1] (high half), so a caller

@@ -2,13 +2,14 @@
 // weight type on each ISA tier, in thread CPU time (best of REPS runs), so the figures hold up on a
 // shared host far better than wall-clock ones. Two sizes per type: weights in cache (1024 rows x
 // k = 2048, GOP/s = 2 x multiply-adds per second) and weights streamed from memory (rows x k = 2048
-// of about 48 MiB, what decode at real sizes does: GB/s of weight bytes read, to set against the
+// of about 48 MiB (STREAM_MIB), what decode at real sizes does: GB/s of weight bytes read, to set against the
 // first line's plain streaming sum of such a buffer, also in thread CPU time: one thread's roofline).
 //
 //   g++ -O2 -std=c++17 -pthread -o build/bench-kernels scripts/bench-kernels.cpp
 //   build/bench-kernels [TYPES] [TIERS] [COLUMNS] [REPS]
 //   build/bench-kernels "q8_0 q6_K" "avx2 avxvnni avx512" "1 64" 5
-// CACHE_ROWS=128 (a multiple of 16) shrinks the in-cache matrix, e.g. to fit in L2.
+// CACHE_ROWS=128 (a multiple of 16) shrinks the in-cache matrix, e.g. to fit in L2; STREAM_MIB=1024
+// streams more than the default 48 MiB, beyond an L3 that holds 48 MiB (some Xeons have 300-500 MiB).
 #define LLM_IMPLEMENTATION
 #include "../llm.hpp"
 
@@ -91,9 +92,9 @@ double time_product(const Matrix& m, int64_t cols, int reps, std::mt19937& rng) 
     return best;
 }
 
-// GB/s of a plain sum over 48 MiB (four independent chains, as scripts/bandwidth-probe.cpp), best of reps.
-double stream_sum_gbs(int reps) {
-    std::vector<uint64_t> buf((48 << 20) / sizeof(uint64_t));
+// GB/s of a plain sum over `mib` MiB (four independent chains, as scripts/bandwidth-probe.cpp), best of reps.
+double stream_sum_gbs(int reps, int64_t mib) {
+    std::vector<uint64_t> buf((mib << 20) / sizeof(uint64_t));
     for (size_t i = 0; i < buf.size(); i++) buf[i] = i;
     double best = 1e30;
     uint64_t check = 0;
@@ -117,14 +118,15 @@ int main(int argc, char** argv) {
     const int reps = argc > 4 ? std::max(1, atoi(argv[4])) : 5;
     std::mt19937 rng(1);
     const int64_t k = 2048, cache_rows = getenv("CACHE_ROWS") ? std::max(16, atoi(getenv("CACHE_ROWS")) / 16 * 16) : 1024;
-    printf("CPU kernels, one thread, thread CPU time (best of %d); in cache: %lld x %lld; streamed: ~48 MiB\n", reps,
-           (long long)cache_rows, (long long)k);
-    printf("one thread's streaming sum of 48 MiB: %.2f GB/s\n", stream_sum_gbs(reps));
+    const int64_t stream_mib = getenv("STREAM_MIB") ? std::max(1, atoi(getenv("STREAM_MIB"))) : 48;
+    printf("CPU kernels, one thread, thread CPU time (best of %d); in cache: %lld x %lld; streamed: ~%lld MiB\n", reps,
+           (long long)cache_rows, (long long)k, (long long)stream_mib);
+    printf("one thread's streaming sum of %lld MiB: %.2f GB/s\n", (long long)stream_mib, stream_sum_gbs(reps, stream_mib));
     printf("| type | tier | columns | in cache GOP/s | streamed GOP/s | streamed GB/s |\n|---|---|---:|---:|---:|---:|\n");
     for (const std::string& name : types) {
         const llm::Type t = llm::type_from_name(name);
         const size_t rb = llm::row_bytes(t, k);
-        const int64_t stream_rows = ((48 << 20) / rb + 15) / 16 * 16;
+        const int64_t stream_rows = ((stream_mib << 20) / (int64_t)rb + 15) / 16 * 16;
         const Matrix small = make_matrix(t, k, cache_rows, rng), large = make_matrix(t, k, stream_rows, rng);
         for (const std::string& tier : tiers) {
             if (!select_tier(tier)) {
