@@ -2593,6 +2593,9 @@ struct OpsAVX2 {
         return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b));
     }
 };
+struct OpsAVX2Nta : OpsAVX2 {
+    static constexpr int kLocality = 0;  // prefetchnta, on AMD (see prefetch_ahead)
+};
 struct OpsVNNI {
     // Not always_inline: they become inlinable only once the AVX2 kernel around them has been
     // inlined into the VNNI wrapper.
@@ -2604,9 +2607,6 @@ struct OpsVNNI {
     }
 };
 // AVX-VNNI: the same instructions VEX-encoded (no AVX-512 needed); wrappers as in OpsVNNI.
-struct OpsAVX2Nta : OpsAVX2 {
-    static constexpr int kLocality = 0;  // prefetchnta, on AMD (see prefetch_ahead)
-};
 struct OpsAVXVNNI {
     static constexpr bool kVnni = true;
     static constexpr int kLocality = 2;
