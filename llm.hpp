@@ -2912,6 +2912,14 @@ LLM_AVX2_INLINE void prefetch_span(const void* p, size_t bytes) {
     const uintptr_t from = (uintptr_t)p + kPrefetchBytes, to = from + bytes;
     for (uintptr_t a = (from + 63) & ~(uintptr_t)63; a < to; a += 64) __builtin_prefetch((const void*)a, 0, Locality);
 }
+// Sub-block sb of the 16 in a K16 group B, by spans; with prefetchnta (AMD's AVX2 tiles) whole-line
+// steps as measured on Zen 2 in session 14 (the spans are unmeasured there).
+template <int Locality = 2, class G>
+LLM_AVX2_INLINE void prefetch_sub_block16(const G& B, int sb) {
+    const char* sub_block = (const char*)&B + sb * (sizeof(G) / 16);
+    if constexpr (Locality == 0) prefetch_ahead<sizeof(G) / 16, 0>(sub_block);
+    else prefetch_span<Locality>(sub_block, sizeof(G) / 16);
+}
 // The AVX2 tiles' prefetches take their locality from the Ops: prefetcht1, and prefetchnta on AMD
 // (OpsAVX2Nta, chosen where the tiles are picked, avx2_tiles). Zen 2, -t 2, interleaved against
 // prefetcht0: tg64 SmolLM2 Q4_1 +5 %, Gemma 3 +3 %, SmolLM2-shape Q8_0 / Q4_K_M +3 %, Llama-1B shape
@@ -3798,7 +3806,7 @@ LLM_AVX512VNNI_FN void tile16_k16(int64_t k, const uint8_t* W, const uint8_t* A,
         if constexpr (kMins) T::mins(B, mn16);
 #pragma GCC unroll 16  // constant shift counts in group / group_half (variable ones cost a vpsrlw by xmm each)
         for (int sb = 0; sb < 16; sb++) {
-            prefetch_span((const char*)&B + sb * (sizeof(B) / 16), sizeof(B) / 16);
+            prefetch_sub_block16(B, sb);
             __m512i u[4];
 #pragma GCC unroll 4
             for (int j = 0; j < 4; j++) u[j] = T::group(B, 4 * sb + j);
@@ -4342,11 +4350,7 @@ struct RowsK16 {
                 for (int c = 0; c < NC; c++) isum[c] = _mm256_setzero_si256();
 #pragma GCC unroll 16  // constant shift counts in group / group_half (variable ones cost a vpsrlw by xmm each)
                 for (int sb = 0; sb < 16; sb++) {
-                    if (hh == 0) {  // AMD (prefetchnta) as measured on Zen 2 in session 14; the span is unmeasured there
-                        const char* sub_block = (const char*)&B + sb * (sizeof(G) / 16);
-                        if constexpr (Ops::kLocality == 0) prefetch_ahead<sizeof(G) / 16, 0>(sub_block);
-                        else prefetch_span<Ops::kLocality>(sub_block, sizeof(G) / 16);
-                    }
+                    if (hh == 0) prefetch_sub_block16<Ops::kLocality>(B, sb);
                     __m256i u[4];
 #pragma GCC unroll 4
                     for (int j = 0; j < 4; j++) u[j] = T::group_half(B, 4 * sb + j, h);
@@ -4729,7 +4733,7 @@ LLM_AMX_FN void amx16_k16(int64_t k, const uint8_t* W, const uint8_t* A, size_t 
         T::scales(B, sc16);
         if constexpr (std::is_same_v<T, I16Q2K>) T::mins(B, mn16);
         for (int sb = 0; sb < 16; sb++) {
-            prefetch_span((const char*)&B + sb * (sizeof(B) / 16), sizeof(B) / 16);
+            prefetch_sub_block16(B, sb);
             for (int j = 0; j < 4; j++) _mm512_store_si512(unpacked[sb][j], T::group(B, 4 * sb + j));
         }
         for (int sb = 0; sb < 16; sb++)

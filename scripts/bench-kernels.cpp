@@ -2,8 +2,8 @@
 // weight type on each ISA tier, in thread CPU time (best of REPS runs), so the figures hold up on a
 // shared host far better than wall-clock ones. Two sizes per type: weights in cache (1024 rows x
 // k = 2048, GOP/s = 2 x multiply-adds per second) and weights streamed from memory (rows x k = 2048
-// of about 48 MiB (STREAM_MIB), what decode at real sizes does: GB/s of weight bytes read, to set against the
-// first line's plain streaming sum of such a buffer, also in thread CPU time: one thread's roofline).
+// of about 48 MiB, STREAM_MIB: what decode at real sizes does; GB/s of weight bytes read, to set against
+// the first line's plain streaming sum of such a buffer, also in thread CPU time: one thread's roofline).
 //
 //   g++ -O2 -std=c++17 -pthread -o build/bench-kernels scripts/bench-kernels.cpp
 //   build/bench-kernels [TYPES] [TIERS] [COLUMNS] [REPS]
