@@ -231,36 +231,46 @@ int run_complete(const Options& o, const llm::Model& m) {
 }
 
 // llama-bench style: pp = one prompt of n_prompt tokens from an empty cache; tg = n_gen single-token
-// steps. Each test repeats; the median is reported with the standard deviation. With -md / --spec-type,
-// "tgN spec": N tokens generated greedily with speculation after the prompt (-f FILE's text, else the
-// random tokens), timed after the prompt is read.
+// steps. Each test repeats; the median is reported with the standard deviation. Like llama-bench, every
+// prompt (the warm-up's too) and every generated step draws fresh random tokens (BOS first where the
+// model adds one): a MoE model then routes each repetition to other experts instead of re-reading the
+// ones the last repetition left in cache. With -md / --spec-type, "tgN spec": N tokens generated greedily
+// with speculation after the prompt (-f FILE's text, else random tokens), timed after the prompt is read.
 int run_bench(const Options& o, const llm::Model& m) {
     const int n_prompt = o.has_prompt ? atoi(o.prompt.c_str()) : 512;
     const int n_gen = o.n_predict < 0 ? 128 : o.n_predict;
     if (n_prompt < 0 || n_gen < 0 || o.bench_reps <= 0) usage_error("--bench needs -p N >= 0, -n N >= 0, -r N > 0");
     std::mt19937 rng(42);
-    std::vector<int32_t> tokens(std::max(n_prompt, 1));
-    for (auto& t : tokens) t = (int32_t)(rng() % m.hp.n_vocab);
-    const std::vector<int32_t> spec_prompt = o.prompt_file.empty() ? tokens : m.vocab.tokenize(read_file(o.prompt_file), true, true);
+    auto random_token = [&] { return (int32_t)(rng() % m.hp.n_vocab); };
+    auto random_prompt = [&](int n) {
+        std::vector<int32_t> tokens(n);
+        for (auto& t : tokens) t = random_token();
+        if (n > 0 && m.vocab.add_bos() && m.vocab.bos() >= 0) tokens[0] = m.vocab.bos();
+        return tokens;
+    };
+    const std::vector<int32_t> spec_prompt = o.prompt_file.empty() ? random_prompt(std::max(n_prompt, 1)) : m.vocab.tokenize(read_file(o.prompt_file), true, true);
     if (spec_prompt.empty()) usage_error("the prompt file is empty");
     llm::Context ctx(m, context_params(o, std::max(o.n_ctx, std::max((int)spec_prompt.size(), n_prompt) + n_gen + 1)));
     std::unique_ptr<Speculator> spec = make_speculator(o, m, ctx);
 
     // Warm-up pass (page in the weights), not measured.
-    prefill(ctx, std::vector<int32_t>(tokens.begin(), tokens.begin() + std::min<size_t>(tokens.size(), 16)), 0, o.n_batch, nullptr);
+    prefill(ctx, random_prompt(std::min(std::max(n_prompt, 1), 16)), 0, o.n_batch, nullptr);
     auto measure = [&](bool pp) {
         std::vector<double> tps;
         for (int r = 0; r < o.bench_reps; r++) {
             ctx.seq_truncate(0, 0);
+            const std::vector<int32_t> prompt = pp ? random_prompt(n_prompt) : std::vector<int32_t>();
             double t0 = now_seconds();
             if (pp) {
-                prefill(ctx, tokens, 0, o.n_batch, nullptr);
+                prefill(ctx, prompt, 0, o.n_batch, nullptr);
             } else {
                 llm::Batch b;
+                int32_t token = m.vocab.add_bos() && m.vocab.bos() >= 0 ? m.vocab.bos() : random_token();
                 for (int i = 0; i < n_gen; i++) {
                     b.clear();
-                    b.add(tokens[i % tokens.size()], i, 0, true);
+                    b.add(token, i, 0, true);
                     ctx.decode(b);
+                    token = random_token();
                 }
             }
             tps.push_back((pp ? n_prompt : n_gen) / (now_seconds() - t0));
