@@ -1286,6 +1286,18 @@ struct LineAllocator {
 // The forward pass's scratch.
 using Scratch = std::vector<float, LineAllocator<float>>;
 
+// Asks for transparent huge pages over [p, p + n) before its first write, where the kernel leaves them to
+// madvise (a common default): decode and short prompts stream the weights (the repacked copy, or the
+// --no-mmap buffer), and 2 MiB pages spare that stream most of its TLB misses.
+inline void advise_huge_pages(void* p, size_t n) {
+#ifdef MADV_HUGEPAGE
+    const uintptr_t huge = 2u << 20, b = ((uintptr_t)p + huge - 1) & ~(huge - 1), e = ((uintptr_t)p + n) & ~(huge - 1);
+    if (e > b) madvise((void*)b, e - b, MADV_HUGEPAGE);  // best effort: refused or unsupported keeps 4 KiB pages
+#else
+    (void)p, (void)n;
+#endif
+}
+
 // IEEE half <-> float, bit-exact with the F16C instructions (round to nearest even), so scalar and
 // SIMD paths agree.
 inline float fp16_to_fp32(uint16_t h) {
@@ -1531,17 +1543,18 @@ public:
             data_ = (const uint8_t*)p;
             mapped_ = true;
         } else {
-            owned_.resize(size_);
+            owned_ = line_bytes(size_);
+            advise_huge_pages(owned_.get(), size_);
             size_t got = 0;
             while (got < size_) {
-                ssize_t r = ::read(fd, owned_.data() + got, size_ - got);
+                ssize_t r = ::read(fd, owned_.get() + got, size_ - got);
                 if (r <= 0) {
                     ::close(fd);
                     fail("%s: read failed", path.c_str());
                 }
                 got += (size_t)r;
             }
-            data_ = owned_.data();
+            data_ = owned_.get();
         }
         ::close(fd);
     }
@@ -1563,7 +1576,7 @@ private:
     const uint8_t* data_ = nullptr;
     size_t size_ = 0;
     bool mapped_ = false;
-    std::vector<uint8_t> owned_;
+    LineBytes owned_;
 };
 
 size_t GGUFValue::size() const { return arr_str.size() + arr_num.size() + arr.size(); }
@@ -14034,6 +14047,7 @@ static std::vector<const uint8_t*> interleave_weights(Model& m) {
     for (const TensorInfo* t : todo) total += t->nbytes;
     m.interleaved_data = line_bytes(total);
     uint8_t* base = m.interleaved_data.get();
+    advise_huge_pages(base, total);
     std::vector<uint8_t*> dst(todo.size());
     for (size_t i = 0, off = 0; i < todo.size(); off += todo[i]->nbytes, i++) dst[i] = base + off;
     // Work in slices of about 1 MiB of rows (a large embedding is shared out too); each slice's

@@ -1,5 +1,6 @@
 // Read bandwidth of this host as the decode roofline sees it: T threads stream-sum disjoint parts of a
-// buffer far larger than the caches (default 2 threads, 512 MiB), best of 5 passes, in GB/s.
+// buffer far larger than the caches (default 2 threads, 512 MiB), best of 5 passes, in GB/s. The buffer
+// asks for transparent huge pages, as the engine's repacked weights do (llm::advise_huge_pages).
 //
 //   g++ -O2 -pthread -o build/bandwidth-probe scripts/bandwidth-probe.cpp && build/bandwidth-probe [THREADS] [MiB]
 #include <algorithm>
@@ -10,11 +11,16 @@
 #include <thread>
 #include <vector>
 
+#include <sys/mman.h>
+
 int main(int argc, char** argv) {
     const int threads = argc > 1 ? std::max(1, atoi(argv[1])) : 2;
     const size_t mib = argc > 2 ? (size_t)std::max(64, atoi(argv[2])) : 512;
     const size_t n = mib * (1 << 20) / sizeof(uint64_t);
-    std::vector<uint64_t> buf(n);
+    const size_t huge = 2 << 20;
+    uint64_t* buf = (uint64_t*)aligned_alloc(huge, (n * sizeof(uint64_t) + huge - 1) / huge * huge);
+    if (!buf) return 1;
+    madvise(buf, n * sizeof(uint64_t), MADV_HUGEPAGE);  // best effort, before the first write
     for (size_t i = 0; i < n; i++) buf[i] = i;  // touch every page before timing
     std::vector<uint64_t> sums(threads * 8);     // a cache line per thread
     double best = 1e30;
@@ -34,6 +40,7 @@ int main(int argc, char** argv) {
     }
     uint64_t check = 0;
     for (int t = 0; t < threads; t++) check += sums[t * 8];
+    free(buf);
     printf("%.1f\n", n * sizeof(uint64_t) / best / 1e9);
     fprintf(stderr, "bandwidth-probe: %d threads, %zu MiB, checksum %llu\n", threads, mib, (unsigned long long)check);
     return 0;

@@ -51,7 +51,7 @@ bool select_tier(const std::string& name) {
 struct Matrix {
     llm::Type type;
     int64_t k, rows;
-    std::vector<uint8_t> packed;
+    llm::LineBytes packed;  // on huge pages where the OS grants them, as the engine's repacked weights
 };
 
 // Random weights (row 0 quantized from random floats and repeated: quantizing 48 MiB of K-quants
@@ -64,8 +64,9 @@ Matrix make_matrix(llm::Type t, int64_t k, int64_t rows, std::mt19937& rng) {
     std::vector<uint8_t> W(rb * rows);
     llm::quantize_row(t, x.data(), W.data(), k);
     for (int64_t r = 1; r < rows; r++) memcpy(W.data() + r * rb, W.data(), rb);
-    Matrix m{t, k, rows, std::vector<uint8_t>(W.size())};
-    llm::interleave_rows16(t, W.data(), m.packed.data(), k, rows);
+    Matrix m{t, k, rows, llm::line_bytes(W.size())};
+    llm::advise_huge_pages(m.packed.get(), W.size());
+    llm::interleave_rows16(t, W.data(), m.packed.get(), k, rows);
     return m;
 }
 
@@ -86,7 +87,7 @@ double time_product(const Matrix& m, int64_t cols, int reps, std::mt19937& rng) 
     double best = 1e30;
     for (int r = 0; r < reps; r++) {
         const double t0 = thread_seconds();
-        llm::matmul_rows_interleaved(m.type, m.packed.data(), m.k, 0, m.rows, A.data(), arow, cols, out.data(), m.rows, &info);
+        llm::matmul_rows_interleaved(m.type, m.packed.get(), m.k, 0, m.rows, A.data(), arow, cols, out.data(), m.rows, &info);
         best = std::min(best, thread_seconds() - t0);
     }
     return best;
@@ -94,19 +95,22 @@ double time_product(const Matrix& m, int64_t cols, int reps, std::mt19937& rng) 
 
 // GB/s of a plain sum over `mib` MiB (four independent chains, as scripts/bandwidth-probe.cpp), best of reps.
 double stream_sum_gbs(int reps, int64_t mib) {
-    std::vector<uint64_t> buf((mib << 20) / sizeof(uint64_t));
-    for (size_t i = 0; i < buf.size(); i++) buf[i] = i;
+    const size_t n = (mib << 20) / sizeof(uint64_t);
+    llm::LineBytes bytes = llm::line_bytes(n * sizeof(uint64_t));
+    llm::advise_huge_pages(bytes.get(), n * sizeof(uint64_t));
+    uint64_t* buf = (uint64_t*)bytes.get();
+    for (size_t i = 0; i < n; i++) buf[i] = i;
     double best = 1e30;
     uint64_t check = 0;
     for (int r = 0; r < reps; r++) {
         const double t0 = thread_seconds();
         uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-        for (size_t i = 0; i + 4 <= buf.size(); i += 4) s0 += buf[i], s1 += buf[i + 1], s2 += buf[i + 2], s3 += buf[i + 3];
+        for (size_t i = 0; i + 4 <= n; i += 4) s0 += buf[i], s1 += buf[i + 1], s2 += buf[i + 2], s3 += buf[i + 3];
         best = std::min(best, thread_seconds() - t0);
         check += s0 + s1 + s2 + s3;
     }
     if (check == 1) printf("\n");  // keeps the sums
-    return 1e-9 * buf.size() * sizeof(uint64_t) / best;
+    return 1e-9 * n * sizeof(uint64_t) / best;
 }
 
 } // namespace
