@@ -242,10 +242,11 @@ int run_bench(const Options& o, const llm::Model& m) {
     if (n_prompt < 0 || n_gen < 0 || o.bench_reps <= 0) usage_error("--bench needs -p N >= 0, -n N >= 0, -r N > 0");
     std::mt19937 rng(42);
     auto random_token = [&] { return (int32_t)(rng() % m.hp.n_vocab); };
+    const bool bos_first = m.vocab.add_bos() && m.vocab.bos() >= 0;
+    auto first_token = [&] { return bos_first ? m.vocab.bos() : random_token(); };
     auto random_prompt = [&](int n) {
         std::vector<int32_t> tokens(n);
-        for (auto& t : tokens) t = random_token();
-        if (n > 0 && m.vocab.add_bos() && m.vocab.bos() >= 0) tokens[0] = m.vocab.bos();
+        for (int i = 0; i < n; i++) tokens[i] = i == 0 ? first_token() : random_token();
         return tokens;
     };
     const std::vector<int32_t> spec_prompt = o.prompt_file.empty() ? random_prompt(std::max(n_prompt, 1)) : m.vocab.tokenize(read_file(o.prompt_file), true, true);
@@ -265,7 +266,7 @@ int run_bench(const Options& o, const llm::Model& m) {
                 prefill(ctx, prompt, 0, o.n_batch, nullptr);
             } else {
                 llm::Batch b;
-                int32_t token = m.vocab.add_bos() && m.vocab.bos() >= 0 ? m.vocab.bos() : random_token();
+                int32_t token = first_token();
                 for (int i = 0; i < n_gen; i++) {
                     b.clear();
                     b.add(token, i, 0, true);
