@@ -3,7 +3,8 @@
 // shared host far better than wall-clock ones. Two sizes per type: weights in cache (1024 rows x
 // k = 2048, GOP/s = 2 x multiply-adds per second) and weights streamed from memory (rows x k = 2048
 // of about 48 MiB, STREAM_MIB: what decode at real sizes does; GB/s of weight bytes read, to set against
-// the first line's plain streaming sum of such a buffer, also in thread CPU time: one thread's roofline).
+// the first line's streaming sum of such a buffer (the best of scripts/stream-sum.hpp's loops), also in
+// thread CPU time: one thread's roofline).
 //
 //   g++ -O2 -std=c++17 -pthread -o build/bench-kernels scripts/bench-kernels.cpp
 //   build/bench-kernels [TYPES] [TIERS] [COLUMNS] [REPS]
@@ -18,6 +19,8 @@
 #include <algorithm>
 #include <cstring>
 #include <sstream>
+
+#include "stream-sum.hpp"
 
 namespace {
 
@@ -93,22 +96,21 @@ double time_product(const Matrix& m, int64_t cols, int reps, std::mt19937& rng) 
     return best;
 }
 
-// GB/s of a plain sum over `mib` MiB (four independent chains, as scripts/bandwidth-probe.cpp), best of reps.
+// GB/s of the best of stream-sum.hpp's loops over `mib` MiB (as scripts/bandwidth-probe.cpp), best of reps.
 double stream_sum_gbs(int reps, int64_t mib) {
-    const size_t n = (mib << 20) / sizeof(uint64_t);
+    const size_t n = (mib << 20) / sizeof(uint64_t) / 32 * 32;
     llm::LineBytes bytes = llm::line_bytes(n * sizeof(uint64_t));
     llm::advise_huge_pages(bytes.get(), n * sizeof(uint64_t));
     uint64_t* buf = (uint64_t*)bytes.get();
     for (size_t i = 0; i < n; i++) buf[i] = i;
     double best = 1e30;
     uint64_t check = 0;
-    for (int r = 0; r < reps; r++) {
-        const double t0 = thread_seconds();
-        uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-        for (size_t i = 0; i + 4 <= n; i += 4) s0 += buf[i], s1 += buf[i + 1], s2 += buf[i + 2], s3 += buf[i + 3];
-        best = std::min(best, thread_seconds() - t0);
-        check += s0 + s1 + s2 + s3;
-    }
+    for (const stream_sum::Loop& loop : stream_sum::available_loops())
+        for (int r = 0; r < reps; r++) {
+            const double t0 = thread_seconds();
+            check += loop.sum(buf, 0, n);
+            best = std::min(best, thread_seconds() - t0);
+        }
     if (check == 1) printf("\n");  // keeps the sums
     return 1e-9 * n * sizeof(uint64_t) / best;
 }
