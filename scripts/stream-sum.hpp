@@ -4,8 +4,6 @@
 // core's bandwidth (on an Emerald Rapids-class Xeon in KVM one thread of the scalar loop read 11.5 GB/s,
 // 512-bit loads 17.4), so a roofline takes the best of them (docs/performance.md, session 17).
 #pragma once
-#include <immintrin.h>
-
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -19,30 +17,28 @@ inline uint64_t sum_scalar(const uint64_t* buf, size_t b, size_t e) {
     return s0 + s1 + s2 + s3;
 }
 
-__attribute__((target("avx2"))) inline uint64_t sum_avx2(const uint64_t* buf, size_t b, size_t e) {
-    __m256i s0 = _mm256_setzero_si256(), s1 = s0, s2 = s0, s3 = s0;
-    for (size_t i = b; i < e; i += 16) {  // two lines per step
-        const __m256i* p = (const __m256i*)(buf + i);
-        s0 = _mm256_add_epi64(s0, _mm256_load_si256(p));
-        s1 = _mm256_add_epi64(s1, _mm256_load_si256(p + 1));
-        s2 = _mm256_add_epi64(s2, _mm256_load_si256(p + 2));
-        s3 = _mm256_add_epi64(s3, _mm256_load_si256(p + 3));
+// Four sums of 256- or 512-bit vectors (GCC's vector extension); compiled for the ISA of the wrapper
+// that it is inlined into.
+typedef uint64_t Vec256 __attribute__((vector_size(32)));
+typedef uint64_t Vec512 __attribute__((vector_size(64)));
+template <class Vec>
+__attribute__((always_inline)) inline uint64_t sum_vectors(const uint64_t* buf, size_t b, size_t e) {
+    constexpr size_t kWords = sizeof(Vec) / sizeof(uint64_t);
+    Vec s0 = {}, s1 = {}, s2 = {}, s3 = {};
+    for (size_t i = b; i < e; i += 4 * kWords) {
+        const Vec* p = (const Vec*)(buf + i);
+        s0 += p[0], s1 += p[1], s2 += p[2], s3 += p[3];
     }
-    alignas(32) uint64_t v[4];
-    _mm256_store_si256((__m256i*)v, _mm256_add_epi64(_mm256_add_epi64(s0, s1), _mm256_add_epi64(s2, s3)));
-    return v[0] + v[1] + v[2] + v[3];
+    const Vec s = (s0 + s1) + (s2 + s3);
+    uint64_t total = 0;
+    for (size_t j = 0; j < kWords; j++) total += s[j];
+    return total;
 }
-
+__attribute__((target("avx2"))) inline uint64_t sum_avx2(const uint64_t* buf, size_t b, size_t e) {
+    return sum_vectors<Vec256>(buf, b, e);
+}
 __attribute__((target("avx512f"))) inline uint64_t sum_avx512(const uint64_t* buf, size_t b, size_t e) {
-    __m512i s0 = _mm512_setzero_si512(), s1 = s0, s2 = s0, s3 = s0;
-    for (size_t i = b; i < e; i += 32) {  // four lines per step
-        const __m512i* p = (const __m512i*)(buf + i);
-        s0 = _mm512_add_epi64(s0, _mm512_load_si512(p));
-        s1 = _mm512_add_epi64(s1, _mm512_load_si512(p + 1));
-        s2 = _mm512_add_epi64(s2, _mm512_load_si512(p + 2));
-        s3 = _mm512_add_epi64(s3, _mm512_load_si512(p + 3));
-    }
-    return _mm512_reduce_add_epi64(_mm512_add_epi64(_mm512_add_epi64(s0, s1), _mm512_add_epi64(s2, s3)));
+    return sum_vectors<Vec512>(buf, b, e);
 }
 
 // The loops this CPU can run.
