@@ -567,11 +567,12 @@ TEST_CASE("quants: attention score kernels equal matmul_rows on every tier, seve
     }
 }
 
-namespace llm {  // the activations (implementation section)
+namespace llm {  // the activations and the KV cache's rotation (implementation section)
 float gelu(float x);
 void gelu_times(float* x, const float* up, int64_t n);
 float silu(float x);
 void silu_times(float* x, const float* up, int64_t n);
+void hadamard(float* data, int64_t count, int n);
 }
 
 TEST_CASE("quants: GELU through the f16 table equals the scalar gelu bit for bit on every tier") {
@@ -611,6 +612,29 @@ TEST_CASE("quants: GELU through the f16 table equals the scalar gelu bit for bit
                 bad += memcmp(&got[i], &want, sizeof want) != 0;
             }
             CHECK(bad == 0);
+        }
+    }
+}
+
+TEST_CASE("quants: the Walsh-Hadamard transform's vector butterflies equal the scalar ones bit for bit on every tier") {
+    IsaGuard guard;
+    std::mt19937 rng(13);
+    for (int n : {8, 16, 32, 64, 128, 256}) {
+        CAPTURE(n);
+        const std::vector<float> x = random_floats(rng, 3 * n, 4.0f);  // three blocks
+        llm::isa_set(llm::Isa::Scalar);
+        std::vector<float> want = x;
+        llm::hadamard(want.data(), (int64_t)want.size(), n);
+        CHECK(want[0] != x[0]);  // (transformed)
+        std::vector<float> twice = want;
+        llm::hadamard(twice.data(), (int64_t)twice.size(), n);  // its own inverse, to float rounding
+        for (size_t i = 0; i < x.size(); i++) CHECK(twice[i] == doctest::Approx(x[i]).epsilon(1e-5).scale(4.0));
+        for (llm::Isa isa : supported_isas()) {
+            CAPTURE(llm::isa_name(isa));
+            llm::isa_set(isa);
+            std::vector<float> got = x;
+            llm::hadamard(got.data(), (int64_t)got.size(), n);
+            CHECK(memcmp(got.data(), want.data(), want.size() * sizeof(float)) == 0);
         }
     }
 }
