@@ -5077,11 +5077,6 @@ struct Lanes16 {
         return table ? _mm512_permutexvar_ps(n, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)kIQ4NLValues))))
                      : _mm512_cvtepi32_ps(_mm512_sub_epi32(n, _mm512_set1_epi32(8)));
     }
-    // a + b * c rounded twice (the compiler must not fuse them into an fma)
-    static inline LLM_AVX512_FN F mul_add(F a, F b, F c) {
-        constexpr int kRoundNearest = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
-        return _mm512_add_round_ps(a, _mm512_mul_round_ps(b, c, kRoundNearest), kRoundNearest);
-    }
 };
 struct Lanes8 {
     using F = __m256;
@@ -5102,8 +5097,6 @@ struct Lanes8 {
                               _mm256_castsi256_si128(n), _mm256_extracti128_si256(n, 1)), _mm_setzero_si128()));
         return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v));
     }
-    // _mm256_mul_ps and _mm256_add_ps are separate roundings under -ffp-contract=off (ISO C++ modes)
-    static LLM_AVX2_INLINE F mul_add(F a, F b, F c) { return _mm256_add_ps(a, _mm256_mul_ps(b, c)); }
 };
 // The two bodies below are stamped out once per tier (TIER_INLINE: that tier's target attribute):
 // clang, unlike GCC, rejects a function that passes 512-bit vectors unless it carries avx512f itself,
@@ -5111,8 +5104,9 @@ struct Lanes8 {
 // kValues values of a V row from value d on, as floats: f16/f32, or a quantized cache type's blocks
 // dequantized exactly as dequantize_row does (d x q is exact in float); Q4_0 / IQ4_NL hold value j in
 // the low nibble of qs[j] and value j + 16 in the high one.
-// out_h[d..d+kValues) (+)= sum over rows of w_h[r] * row r for HB heads; float rows with fma, as
-// weighted_sum_simd, quantized rows with a multiply and an add, as the scalar dequantizing path.
+// out_h[d..d+kValues) (+)= sum over rows of w_h[r] * row r for HB heads, one fma per row and value:
+// float rows as weighted_sum_simd; quantized rows' values are exact, so each step rounds once where
+// the scalar dequantizing path (a multiply, then an add) rounds twice.
 #define LLM_V_SUM_BODIES(TIER_INLINE, SUFFIX) \
 template <class L, Type T> \
 TIER_INLINE void load_values##SUFFIX(const uint8_t* row, int64_t d, typename L::F v[4]) { \
@@ -5139,6 +5133,16 @@ _Pragma("GCC unroll 4") \
         } \
     } \
 } \
+template <class L, Type T> \
+TIER_INLINE void dequantize_rows_body##SUFFIX(const uint8_t* rows, size_t stride, int64_t n_rows, int64_t dim, float* out) { \
+    for (int64_t r = 0; r < n_rows; r++) \
+        for (int64_t d = 0; d < dim; d += L::kValues) { \
+            typename L::F v[4]; \
+            load_values##SUFFIX<L, T>(rows + r * stride, d, v); \
+_Pragma("GCC unroll 4") \
+            for (int u = 0; u < 4; u++) L::store(out + r * dim + d + L::kValues / 4 * u, v[u]); \
+        } \
+} \
 template <class L, int HB, Type T> \
 TIER_INLINE void weighted_sum_heads_body##SUFFIX(const uint8_t* rows, size_t stride, const float* w, int64_t w_stride, int64_t n_rows, \
                                              int64_t d, float* out, int64_t out_stride, bool accumulate) { \
@@ -5155,10 +5159,7 @@ _Pragma("GCC unroll 8") \
         for (int h = 0; h < HB; h++) { \
             const typename L::F wr = L::set1(w[h * w_stride + r]); \
 _Pragma("GCC unroll 4") \
-            for (int u = 0; u < 4; u++) { \
-                if constexpr (T == Type::F16 || T == Type::F32) acc[h][u] = L::fma(wr, v[u], acc[h][u]); \
-                else acc[h][u] = L::mul_add(acc[h][u], wr, v[u]); \
-            } \
+            for (int u = 0; u < 4; u++) acc[h][u] = L::fma(wr, v[u], acc[h][u]); \
         } \
     } \
 _Pragma("GCC unroll 8") \
@@ -5179,18 +5180,42 @@ LLM_AVX2_FN void weighted_sum_heads_avx2(const uint8_t* rows, size_t stride, con
                                          int64_t d, float* out, int64_t out_stride, bool accumulate) {
     weighted_sum_heads_body_avx2<Lanes8, HB, T>(rows, stride, w, w_stride, n_rows, d, out, out_stride, accumulate);
 }
+// n_rows rows of dim values (a multiple of kValues) as floats, rows dim apart, exactly as dequantize_row
+template <Type T>
+LLM_AVX512_FN void dequantize_rows(const uint8_t* rows, size_t stride, int64_t n_rows, int64_t dim, float* out) {
+    dequantize_rows_body_avx512<Lanes16, T>(rows, stride, n_rows, dim, out);
+}
+template <Type T>
+LLM_AVX2_FN void dequantize_rows_avx2(const uint8_t* rows, size_t stride, int64_t n_rows, int64_t dim, float* out) {
+    dequantize_rows_body_avx2<Lanes8, T>(rows, stride, n_rows, dim, out);
+}
 LLM_AVX512_WARNINGS_ON
+using DequantizeRowsFn = void (*)(const uint8_t*, size_t, int64_t, int64_t, float*);
+template <Type T>
+DequantizeRowsFn dequantize_rows_for(bool avx512) {
+    return avx512 ? dequantize_rows<T> : dequantize_rows_avx2<T>;
+}
+// the V types with a kernel but F32 (read as they are); nullptr for the others
+inline DequantizeRowsFn dequantize_rows_fn(Type t, bool avx512) {
+    switch (t) {
+    case Type::F16: return dequantize_rows_for<Type::F16>(avx512);
+    case Type::Q8_0: return dequantize_rows_for<Type::Q8_0>(avx512);
+    case Type::Q4_0: return dequantize_rows_for<Type::Q4_0>(avx512);
+    case Type::IQ4_NL: return dequantize_rows_for<Type::IQ4_NL>(avx512);
+    default: return nullptr;
+    }
+}
 using WeightedSumHeadsFn = void (*)(const uint8_t*, size_t, const float*, int64_t, int64_t, int64_t, float*, int64_t, bool);
 template <Type T>
 WeightedSumHeadsFn weighted_sum_heads_for(int heads, bool avx512) {
     static const WeightedSumHeadsFn wide[] = {weighted_sum_heads<1, T>, weighted_sum_heads<2, T>, weighted_sum_heads<3, T>,
                                               weighted_sum_heads<4, T>, weighted_sum_heads<5, T>, weighted_sum_heads<6, T>};
     static const WeightedSumHeadsFn narrow[] = {weighted_sum_heads_avx2<1, T>, weighted_sum_heads_avx2<2, T>,
-                                                weighted_sum_heads_avx2<3, T>, weighted_sum_heads_avx2<4, T>,
-                                                weighted_sum_heads_avx2<5, T>, weighted_sum_heads_avx2<6, T>};
-    return (avx512 ? wide : narrow)[heads - 1];
+                                                weighted_sum_heads_avx2<3, T>};
+    return avx512 ? wide[heads - 1] : narrow[heads - 1];
 }
-// nullptr for types without a kernel; avx512: the 64-value kernels, else the 32-value AVX2 ones
+// nullptr for types without a kernel; avx512: the 64-value kernels for up to 6 heads, else the
+// 32-value AVX2 ones for up to 3
 inline WeightedSumHeadsFn weighted_sum_heads_fn(Type t, int heads, bool avx512) {
     switch (t) {
     case Type::F16: return weighted_sum_heads_for<Type::F16>(heads, avx512);
@@ -5218,27 +5243,6 @@ struct ScoresF16 {
         const __m512 kv = _mm512_cvtph_ps(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)((const uint16_t*)row + d))));
 #pragma GCC unroll 4
         for (int p = 0; p < NP; p++) acc[p] = _mm512_fmadd_ps(kv, _mm512_loadu_ps(qp + (p * dim + d) * 2), acc[p]);
-    }
-};
-// q8_0 cache, q8_0 queries: per block the four-byte integer sums (|k| times q with k's sign), then
-// d_k * d_q and one fma per lane; qp per pair and block: the two heads' 32 quants (64 bytes), then
-// 8 x d_q of each head.
-struct ScoresQ8_0 {
-    static constexpr int kValues = 32;
-    template <int NP>
-    static LLM_AVX512VNNI_INLINE void add(const uint8_t* row, int64_t d, int64_t dim, const float* qp, __m512* acc) {
-        const block_q8_0& kb = ((const block_q8_0*)row)[d / 32];
-        const __m512i k = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i*)kb.qs));
-        const __mmask64 neg = _mm512_movepi8_mask(k);
-        const __m512i ka = _mm512_abs_epi8(k);
-        const __m512 dk = _mm512_set1_ps(fp16_to_fp32(kb.d));
-#pragma GCC unroll 4
-        for (int p = 0; p < NP; p++) {
-            const float* blk = qp + (p * (dim / 32) + d / 32) * 32;
-            const __m512i q = _mm512_loadu_si512(blk);
-            const __m512i sum = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ka, _mm512_mask_sub_epi8(q, neg, _mm512_setzero_si512(), q));
-            acc[p] = _mm512_fmadd_ps(_mm512_mul_ps(dk, _mm512_loadu_ps(blk + 16)), _mm512_cvtepi32_ps(sum), acc[p]);
-        }
     }
 };
 LLM_AVX512_WARNINGS_OFF
@@ -5294,10 +5298,10 @@ LLM_AVX512VNNI_FN void scores_pairs(const uint8_t* rows, size_t stride, int64_t 
     for (; r + 4 <= n_rows; r += 4) scores_rows<S, NP, 4>(rows + r * stride, stride, dim, qp, heads, out + r, out_stride);
     for (; r < n_rows; r++) scores_rows<S, NP, 1>(rows + r * stride, stride, dim, qp, heads, out + r, out_stride);
 }
-// AVX2 hosts (and AVX-512 ones without VNNI): the tile of matmul_rows over NR cache rows and NC
-// query heads at once, so a row is unpacked once for all heads and NR x NC sums run side by side;
-// the same arithmetic per (row, head), hence bit-identical to matmul_rows. S: the queries' block
-// scales as floats (q8_0), s_stride apart per head. AVX-VNNI: the same with its byte products.
+// f16 caches on AVX2 hosts (and AVX-512 ones without VNNI): the tile of matmul_rows over NR cache
+// rows and NC query heads at once, so a row is unpacked once for all heads and NR x NC sums run side
+// by side; the same arithmetic per (row, head), hence bit-identical to matmul_rows (S, the tile's
+// block scales of 8-bit queries, unused). AVX-VNNI: the same with its byte products.
 template <class K, class Ops, int NC, int NR>
 LLM_AVX2_INLINE void scores_heads_256(const uint8_t* rows, size_t stride, int64_t n_rows, int64_t dim, const uint8_t* qc,
                                       size_t q_row, const float* S, int64_t s_stride, float* out, int64_t out_stride) {
@@ -5327,13 +5331,126 @@ ScoresHeadsFn scores_heads_avx2_for(int heads, bool avxvnni) {
                                          scores_heads_avxvnni<K, 3, 2>, scores_heads_avxvnni<K, 4, 2>};
     return (avxvnni ? vnni : f)[heads - 1];
 }
+// q8_0 cache, 16 rows at a time: the rows' blocks transposed so register j holds the 4-byte group j
+// of every row (biased by 128 to be unsigned), a query's group j broadcast to all lanes, so one
+// vpdpbusd gives group j's integer sum for 16 rows. matmul_rows' 8 lane sums of a row become 8
+// registers, each lane a row: the same sums, scaled and added in the same order, then added across
+// lanes by vertical adds in hsum8's order, so the scores are bit-identical with no horizontal sums
+// and no per-head sign fix-up. A query's block: its quants, the groups' sums times -128 (which take
+// the bias back out, exactly in integers), its scale.
+struct QueryBlockQ8 {
+    int32_t groups[8], unbias[8], magnitudes[8];  // magnitudes: |quants|, for the 256-bit kernel below
+    float d;
+};
+constexpr int kScoresQ8MaxBlocks = 32;  // head dims up to 1024 (a latent cache's rows are 576)
+LLM_AVX512_WARNINGS_OFF
+// Block b of 16 rows (row(r) gives row r's first block) as groups[j] lane r = row r's group j + 128
+// and scales lane r = row r's scale: two 8 x 8 transposes of 32-bit groups side by side, rows 0-7 in
+// the low 256 bits, 8-15 in the high.
+template <class RowFn>
+LLM_AVX512VNNI_INLINE void transpose_q8_0_rows16(RowFn row, int64_t b, int32_t groups[8][16], float scales[16]) {
+    alignas(32) uint16_t d[16];
+    for (int r = 0; r < 16; r++) d[r] = ((const block_q8_0*)row(r))[b].d;
+    _mm512_store_ps(scales, _mm512_cvtph_ps(_mm256_load_si256((const __m256i*)d)));
+    __m512i z[8], t[8], u[8];
+    for (int i = 0; i < 8; i++)
+        z[i] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i*)((const block_q8_0*)row(i))[b].qs)),
+                                  _mm256_loadu_si256((const __m256i*)((const block_q8_0*)row(i + 8))[b].qs), 1);
+    for (int i = 0; i < 8; i += 2) t[i] = _mm512_unpacklo_epi32(z[i], z[i + 1]), t[i + 1] = _mm512_unpackhi_epi32(z[i], z[i + 1]);
+    for (int i = 0; i < 8; i += 4) {  // u[i + j]: in each 128 bits, group j (or j + 4) of 4 rows
+        u[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]), u[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+        u[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]), u[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+    }
+    const __m512i low = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13), high = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
+    const __m512i bias = _mm512_set1_epi8((char)0x80);
+    for (int j = 0; j < 4; j++) {
+        _mm512_store_si512(groups[j], _mm512_xor_si512(_mm512_permutex2var_epi64(u[j], low, u[j + 4]), bias));
+        _mm512_store_si512(groups[j + 4], _mm512_xor_si512(_mm512_permutex2var_epi64(u[j], high, u[j + 4]), bias));
+    }
+}
+LLM_AVX512VNNI_FN void scores_q8_0_rows16(const uint8_t* rows, size_t stride, int64_t n_rows, int64_t nb, const QueryBlockQ8* queries,
+                                          int heads, float* out, int64_t out_stride) {
+    alignas(64) int32_t group[kScoresQ8MaxBlocks][8][16];
+    alignas(64) float scale[kScoresQ8MaxBlocks][16];
+    const __mmask16 live = n_rows >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n_rows) - 1);
+    auto row = [&](int r) { return rows + std::min<int64_t>(r, n_rows - 1) * stride; };  // past the last: the last again
+    for (int64_t b = 0; b < nb; b++) transpose_q8_0_rows16(row, b, group[b], scale[b]);
+    for (int h = 0; h < heads; h++) {
+        const QueryBlockQ8* q = queries + h * nb;
+        __m512 acc[8];
+        for (__m512& a : acc) a = _mm512_setzero_ps();
+        for (int64_t b = 0; b < nb; b++) {
+            const __m512 d = _mm512_mul_ps(_mm512_load_ps(scale[b]), _mm512_set1_ps(q[b].d));
+#pragma GCC unroll 8
+            for (int j = 0; j < 8; j++) {
+                const __m512i sum = _mm512_dpbusd_epi32(_mm512_set1_epi32(q[b].unbias[j]), _mm512_load_si512(group[b][j]),
+                                                        _mm512_set1_epi32(q[b].groups[j]));
+                acc[j] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(sum), acc[j]);
+            }
+        }
+        const __m512 low = _mm512_add_ps(_mm512_add_ps(acc[0], acc[4]), _mm512_add_ps(acc[2], acc[6]));
+        const __m512 high = _mm512_add_ps(_mm512_add_ps(acc[1], acc[5]), _mm512_add_ps(acc[3], acc[7]));
+        _mm512_mask_storeu_ps(out + h * out_stride, live, _mm512_add_ps(_mm512_add_ps(low, high), _mm512_setzero_ps()));
+    }
+}
+LLM_AVX512_WARNINGS_ON
+// The same on 256-bit registers (AVX2, AVX-VNNI), 8 rows at a time, one 8 x 8 transpose; without the
+// bias: the query's |quants| broadcast are the unsigned operand and the rows' groups take the query's
+// signs (vpsignb), so vpmaddubsw's pairs stay below 2^15 as in the row tiles.
+template <class Ops>
+LLM_AVX2_INLINE void scores_q8_0_rows8(const uint8_t* rows, size_t stride, int64_t n_rows, int64_t nb, const QueryBlockQ8* queries,
+                                       int heads, float* out, int64_t out_stride) {
+    alignas(32) int32_t group[kScoresQ8MaxBlocks][8][8];
+    alignas(32) float scale[kScoresQ8MaxBlocks][8];
+    auto row = [&](int r) { return (const block_q8_0*)(rows + std::min<int64_t>(r, n_rows - 1) * stride); };
+    for (int64_t b = 0; b < nb; b++) {
+        alignas(16) uint16_t d[8];
+        __m256i z[8], t[8], u[8];
+        for (int r = 0; r < 8; r++) d[r] = row(r)[b].d, z[r] = _mm256_loadu_si256((const __m256i*)row(r)[b].qs);
+        _mm256_store_ps(scale[b], _mm256_cvtph_ps(_mm_load_si128((const __m128i*)d)));
+        for (int i = 0; i < 8; i += 2) t[i] = _mm256_unpacklo_epi32(z[i], z[i + 1]), t[i + 1] = _mm256_unpackhi_epi32(z[i], z[i + 1]);
+        for (int i = 0; i < 8; i += 4) {
+            u[i] = _mm256_unpacklo_epi64(t[i], t[i + 2]), u[i + 1] = _mm256_unpackhi_epi64(t[i], t[i + 2]);
+            u[i + 2] = _mm256_unpacklo_epi64(t[i + 1], t[i + 3]), u[i + 3] = _mm256_unpackhi_epi64(t[i + 1], t[i + 3]);
+        }
+        for (int j = 0; j < 4; j++) {
+            _mm256_store_si256((__m256i*)group[b][j], _mm256_permute2x128_si256(u[j], u[j + 4], 0x20));
+            _mm256_store_si256((__m256i*)group[b][j + 4], _mm256_permute2x128_si256(u[j], u[j + 4], 0x31));
+        }
+    }
+    for (int h = 0; h < heads; h++) {
+        const QueryBlockQ8* q = queries + h * nb;
+        __m256 acc[8];
+        for (__m256& a : acc) a = _mm256_setzero_ps();
+        for (int64_t b = 0; b < nb; b++) {
+            const __m256 d = _mm256_mul_ps(_mm256_load_ps(scale[b]), _mm256_set1_ps(q[b].d));
+#pragma GCC unroll 8
+            for (int j = 0; j < 8; j++) {
+                const __m256i signed_rows = _mm256_sign_epi8(_mm256_load_si256((const __m256i*)group[b][j]), _mm256_set1_epi32(q[b].groups[j]));
+                const __m256i sum = Ops::dot_us(_mm256_set1_epi32(q[b].magnitudes[j]), signed_rows);
+                acc[j] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sum), acc[j]);
+            }
+        }
+        const __m256 low = _mm256_add_ps(_mm256_add_ps(acc[0], acc[4]), _mm256_add_ps(acc[2], acc[6]));
+        const __m256 high = _mm256_add_ps(_mm256_add_ps(acc[1], acc[5]), _mm256_add_ps(acc[3], acc[7]));
+        alignas(32) float sums[8];
+        _mm256_store_ps(sums, _mm256_add_ps(_mm256_add_ps(low, high), _mm256_setzero_ps()));
+        std::copy(sums, sums + std::min<int64_t>(8, n_rows), out + h * out_stride);
+    }
+}
+LLM_AVX2_FN void scores_q8_0_rows8_avx2(const uint8_t* rows, size_t stride, int64_t n_rows, int64_t nb, const QueryBlockQ8* queries,
+                                        int heads, float* out, int64_t out_stride) {
+    scores_q8_0_rows8<OpsAVX2>(rows, stride, n_rows, nb, queries, heads, out, out_stride);
+}
+LLM_AVXVNNI_FN void scores_q8_0_rows8_avxvnni(const uint8_t* rows, size_t stride, int64_t n_rows, int64_t nb,
+                                              const QueryBlockQ8* queries, int heads, float* out, int64_t out_stride) {
+    scores_q8_0_rows8<OpsAVXVNNI>(rows, stride, n_rows, nb, queries, heads, out, out_stride);
+}
 using ScoresFn = void (*)(const uint8_t*, size_t, int64_t, int64_t, const float*, int, float*, int64_t);
-inline ScoresFn scores_pairs_fn(Type t, int pairs) {
+inline ScoresFn scores_pairs_fn(int pairs) {
     static const ScoresFn f16[] = {scores_pairs<ScoresF16, 1>, scores_pairs<ScoresF16, 2>, scores_pairs<ScoresF16, 3>,
                                    scores_pairs<ScoresF16, 4>};
-    static const ScoresFn q8_0[] = {scores_pairs<ScoresQ8_0, 1>, scores_pairs<ScoresQ8_0, 2>, scores_pairs<ScoresQ8_0, 3>,
-                                    scores_pairs<ScoresQ8_0, 4>};
-    return (t == Type::F16 ? f16 : q8_0)[pairs - 1];
+    return f16[pairs - 1];
 }
 } // namespace qimpl
 #endif
@@ -5346,48 +5463,56 @@ bool attention_scores(Type kt, const uint8_t* rows, size_t stride, int64_t n_row
                       int heads, float* out, int64_t out_stride, float* scratch) {
 #ifdef LLM_X86
     if (isa_current() == Isa::Scalar || (kt != Type::F16 && kt != Type::Q8_0) || dim % 32) return false;
-    if (isa_current() != Isa::AVX512 || !qimpl::cpu().vnni) {
-        // the q8_0 queries' block scales as floats, dim / 32 per head
+    const bool wide = isa_current() == Isa::AVX512 && qimpl::cpu().vnni;
+    if (kt == Type::Q8_0) {
         const int64_t nb = dim / 32;
-        for (int h = 0; h < heads && kt == Type::Q8_0; h++)
-            for (int64_t b = 0; b < nb; b++) scratch[h * nb + b] = fp16_to_fp32(((const block_q8_0*)(qc + h * q_row))[b].d);
+        if (nb > qimpl::kScoresQ8MaxBlocks) return false;
+        qimpl::QueryBlockQ8* queries = (qimpl::QueryBlockQ8*)scratch;
+        for (int h = 0; h < heads; h++)
+            for (int64_t b = 0; b < nb; b++) {
+                const block_q8_0& y = ((const block_q8_0*)(qc + h * q_row))[b];
+                qimpl::QueryBlockQ8& qb = queries[h * nb + b];
+                memcpy(qb.groups, y.qs, 32);
+                for (int j = 0; j < 8; j++) {
+                    qb.unbias[j] = -128 * (y.qs[4 * j] + y.qs[4 * j + 1] + y.qs[4 * j + 2] + y.qs[4 * j + 3]);
+                    for (int i = 0; i < 4; i++) ((uint8_t*)&qb.magnitudes[j])[i] = (uint8_t)std::abs(y.qs[4 * j + i]);
+                }
+                qb.d = fp16_to_fp32(y.d);
+            }
+        const int64_t step = wide ? 16 : 8;  // rows per kernel call
+        const auto kernel = wide ? qimpl::scores_q8_0_rows16
+                                 : isa_current() == Isa::AVXVNNI ? qimpl::scores_q8_0_rows8_avxvnni : qimpl::scores_q8_0_rows8_avx2;
+        for (int64_t r0 = 0; r0 < n_rows; r0 += step)
+            kernel(rows + r0 * stride, stride, std::min(step, n_rows - r0), nb, queries, heads, out + r0, out_stride);
+        return true;
+    }
+    if (!wide) {
         const int64_t block = std::max<int64_t>(1, 32768 / (int64_t)stride);  // rows that stay in L1 (as below)
         const bool vnni = isa_current() == Isa::AVXVNNI;
         for (int64_t r0 = 0; r0 < n_rows; r0 += block)
             for (int h = 0; h < heads; h += qimpl::kScoreHeadsAVX2) {
                 const int nc = std::min(qimpl::kScoreHeadsAVX2, heads - h);
-                (kt == Type::F16 ? qimpl::scores_heads_avx2_for<qimpl::K_f16>(nc, vnni)
-                                 : qimpl::scores_heads_avx2_for<qimpl::K_q8_0>(nc, vnni))(
-                    rows + r0 * stride, stride, std::min(block, n_rows - r0), dim, qc + h * q_row, q_row, scratch + h * nb, nb,
-                    out + h * out_stride + r0, out_stride);
+                qimpl::scores_heads_avx2_for<qimpl::K_f16>(nc, vnni)(rows + r0 * stride, stride, std::min(block, n_rows - r0), dim,
+                                                                     qc + h * q_row, q_row, nullptr, 0, out + h * out_stride + r0,
+                                                                     out_stride);
             }
         return true;
     }
-    // Queries in pairs of heads (zeros past the last). f16: for each 8 values, 8 floats of the first
-    // head then 8 of the second; q8_0: per block, the two heads' quants, then their scales 8 times.
+    // f16 queries in pairs of heads (zeros past the last): for each 8 values, 8 floats of the first
+    // head then 8 of the second.
     for (int h = 0; h < heads; h += 2) {
         for (int j = 0; j < 2; j++) {
             const bool real = h + j < heads;
-            if (kt == Type::F16) {
-                const uint16_t* q = (const uint16_t*)(qc + (h + j) * q_row);
-                for (int64_t d = 0; d < dim; d++) scratch[(h / 2 * dim + d / 8 * 8) * 2 + 8 * j + d % 8] = real ? fp16_to_fp32(q[d]) : 0.0f;
-            } else {
-                for (int64_t b = 0; b < dim / 32; b++) {
-                    float* blk = scratch + (h / 2 * (dim / 32) + b) * 32;
-                    const block_q8_0* y = (const block_q8_0*)(qc + (h + j) * q_row) + b;
-                    if (real) memcpy((uint8_t*)blk + 32 * j, y->qs, 32);
-                    else memset((uint8_t*)blk + 32 * j, 0, 32);
-                    for (int e = 0; e < 8; e++) blk[16 + 8 * j + e] = real ? fp16_to_fp32(y->d) : 0.0f;
-                }
-            }
+            const uint16_t* q = (const uint16_t*)(qc + (h + j) * q_row);
+            for (int64_t d = 0; d < dim; d++) scratch[(h / 2 * dim + d / 8 * 8) * 2 + 8 * j + d % 8] = real ? fp16_to_fp32(q[d]) : 0.0f;
         }
     }
-    const int64_t pair_floats = kt == Type::F16 ? 2 * dim : dim;  // per pair of heads
+    const int64_t pair_floats = 2 * dim;  // per pair of heads
     // Rows in blocks that stay in L1 while each group of up to 8 heads passes over them.
     const int64_t block = std::max<int64_t>(1, 32768 / (int64_t)stride);
     for (int64_t r0 = 0; r0 < n_rows; r0 += block)
         for (int h = 0; h < heads; h += 8)
-            qimpl::scores_pairs_fn(kt, (std::min(8, heads - h) + 1) / 2)(rows + r0 * stride, stride, std::min(block, n_rows - r0), dim,
+            qimpl::scores_pairs_fn((std::min(8, heads - h) + 1) / 2)(rows + r0 * stride, stride, std::min(block, n_rows - r0), dim,
                                                                         scratch + h / 2 * pair_floats, std::min(8, heads - h),
                                                                         out + h * out_stride + r0, out_stride);
     return true;
@@ -5403,23 +5528,36 @@ bool attention_scores(Type kt, const uint8_t* rows, size_t stride, int64_t n_row
 void weighted_row_sum(Type t, const uint8_t* rows, size_t stride, const float* w, int64_t n_rows, int64_t dim, float* out,
                       float* scratch, bool accumulate = false);
 
-// weighted_row_sum for `heads` weight vectors (w + h * w_stride) into out + h * out_stride.
+// Floats of scratch weighted_row_sums needs for rows of dim values: a block of rows converted to
+// floats once for all heads (32 KiB, so it stays in L1), or one row for the scalar path.
+int64_t weighted_row_sums_scratch(int64_t dim) { return std::max<int64_t>(dim, 8192); }
+
+// weighted_row_sum for `heads` weight vectors (w + h * w_stride) into out + h * out_stride;
+// scratch: weighted_row_sums_scratch(dim) floats.
 void weighted_row_sums(Type t, const uint8_t* rows, size_t stride, const float* w, int64_t w_stride, int heads, int64_t n_rows,
                        int64_t dim, float* out, int64_t out_stride, float* scratch, bool accumulate) {
 #ifdef LLM_X86
     const bool avx512 = isa_current() == Isa::AVX512;
     const int64_t step = avx512 ? qimpl::Lanes16::kValues : qimpl::Lanes8::kValues;
     if (isa_current() != Isa::Scalar && qimpl::weighted_sum_heads_fn(t, 1, avx512) && dim % step == 0) {
-        // Rows in blocks that stay in L1 while every slice of every head passes over them.
-        const int64_t block = std::max<int64_t>(1, 32768 / (int64_t)stride);
+        // Heads per pass: their accumulators and a row's values fill the registers (AVX-512: 6 x 4 + 4
+        // of 32; AVX2: 3 x 4 + 4 of 16, one row value reloaded). Rows in blocks that stay in L1 while
+        // every slice of every head passes over them. With more heads than one pass serves, rows not
+        // in f32 are converted once per block (exactly, so the sums are the same), not once per pass.
+        const int per_pass = avx512 ? 6 : 3;
+        const qimpl::DequantizeRowsFn convert = heads > per_pass ? qimpl::dequantize_rows_fn(t, avx512) : nullptr;
+        const int64_t block = std::max<int64_t>(1, convert ? weighted_row_sums_scratch(dim) / dim : 32768 / (int64_t)stride);
+        const Type rt = convert ? Type::F32 : t;  // the type of the rows the kernels read
         for (int64_t r0 = 0; r0 < n_rows; r0 += block) {
             const int64_t nr = std::min(block, n_rows - r0);
+            const uint8_t* src = rows + r0 * stride;
+            size_t src_stride = stride;
+            if (convert) convert(src, stride, nr, dim, scratch), src = (const uint8_t*)scratch, src_stride = dim * sizeof(float);
             for (int64_t d = 0; d < dim; d += step) {
-                for (int h = 0; h < heads; h += 6) {
-                    const int hb = std::min(6, heads - h);
-                    qimpl::weighted_sum_heads_fn(t, hb, avx512)(
-                        rows + r0 * stride, stride, w + h * w_stride + r0, w_stride, nr, d, out + h * out_stride, out_stride,
-                        accumulate || r0 > 0);
+                for (int h = 0; h < heads; h += per_pass) {
+                    const int hb = std::min(per_pass, heads - h);
+                    qimpl::weighted_sum_heads_fn(rt, hb, avx512)(src, src_stride, w + h * w_stride + r0, w_stride, nr, d,
+                                                                 out + h * out_stride, out_stride, accumulate || r0 > 0);
                 }
             }
         }
@@ -14730,7 +14868,7 @@ struct Attention {
         // this thread's scratch: the scores (query j's at j * n_kv), the outputs (query j's at
         // j * hd_v), the score kernels' scratch, rows dequantized for weighted_row_sums
         std::vector<float>& scratch = thread_scores[thread];
-        const size_t need = (size_t)nq * (n_kv + hd_v) + 2 * (size_t)(nq + 1) * hd_k + hd_v;
+        const size_t need = (size_t)nq * (n_kv + hd_v) + 2 * (size_t)(nq + 1) * hd_k + weighted_row_sums_scratch(hd_v);
         if (scratch.size() < need) scratch.resize(need);
         float* scores = scratch.data();
         float* outs = scores + (size_t)nq * n_kv;

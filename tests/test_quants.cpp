@@ -567,6 +567,65 @@ TEST_CASE("quants: attention score kernels equal matmul_rows on every tier, seve
     }
 }
 
+namespace llm {  // attention's V sums (implementation section)
+int64_t weighted_row_sums_scratch(int64_t dim);
+void weighted_row_sums(Type t, const uint8_t* rows, size_t stride, const float* w, int64_t w_stride, int heads, int64_t n_rows,
+                       int64_t dim, float* out, int64_t out_stride, float* scratch, bool accumulate);
+}
+
+// Each kernel sums a head's rows in row order, one rounding per row (the scalar path two: a multiply,
+// then an add), so every output is within 2 n u sum |w v| of the exact sum (recursive summation).
+TEST_CASE("quants: attention's V sums on every tier within the summation bound of the exact sums, several heads at once") {
+    IsaGuard guard;
+    std::mt19937 rng(31);
+    const int kv_heads = 2;  // a cache row holds 2 KV heads; the kernels read the second one
+    for (Type vt : {Type::F16, Type::F32, Type::Q8_0, Type::Q4_0, Type::IQ4_NL, Type::Q4_1}) {
+        for (int64_t dim : {64, 128}) {
+            CAPTURE(llm::type_info(vt).name);
+            CAPTURE(dim);
+            const size_t head_bytes = llm::row_bytes(vt, dim), stride = kv_heads * head_bytes;
+            const int64_t n_rows = 181;  // several L1 blocks of rows for the 128-value rows
+            std::vector<uint8_t> cache;
+            for (int64_t r = 0; r < n_rows * kv_heads; r++) {
+                std::vector<uint8_t> q = quantized(vt, random_floats(rng, dim, 2.0f));
+                cache.insert(cache.end(), q.begin(), q.end());
+            }
+            const uint8_t* rows = cache.data() + head_bytes;
+            std::vector<float> values(n_rows * dim);
+            for (int64_t r = 0; r < n_rows; r++) llm::dequantize_row(vt, rows + r * stride, values.data() + r * dim, dim);
+            const int max_heads = 9;
+            const int64_t w_stride = n_rows + 3, out_stride = dim + 8;
+            std::vector<float> w(max_heads * w_stride), start = random_floats(rng, max_heads * out_stride, 1.0f);
+            for (float& x : w) x = std::uniform_real_distribution<float>(0.0f, 0.02f)(rng);  // probabilities
+            for (llm::Isa isa : supported_isas()) {
+                CAPTURE(llm::isa_name(isa));
+                llm::isa_set(isa);
+                for (int heads : {1, 3, 6, 7, 9}) {
+                    for (bool accumulate : {false, true}) {
+                        CAPTURE(heads);
+                        CAPTURE(accumulate);
+                        std::vector<float> got = start, scratch(llm::weighted_row_sums_scratch(dim));
+                        llm::weighted_row_sums(vt, rows, stride, w.data(), w_stride, heads, n_rows, dim, got.data(), out_stride,
+                                               scratch.data(), accumulate);
+                        size_t bad = 0;
+                        for (int h = 0; h < heads; h++)
+                            for (int64_t d = 0; d < dim; d++) {
+                                double want = accumulate ? start[h * out_stride + d] : 0.0, magnitude = std::fabs(want);
+                                for (int64_t r = 0; r < n_rows; r++) {
+                                    want += (double)w[h * w_stride + r] * values[r * dim + d];
+                                    magnitude += std::fabs((double)w[h * w_stride + r] * values[r * dim + d]);
+                                }
+                                bad += !(std::fabs(got[h * out_stride + d] - want) <= 2.0 * (n_rows + 1) * 0x1p-24 * magnitude);
+                            }
+                        CHECK(bad == 0);
+                        CHECK(std::equal(got.begin() + heads * out_stride, got.end(), start.begin() + heads * out_stride));  // untouched
+                    }
+                }
+            }
+        }
+    }
+}
+
 namespace llm {  // the activations and the KV cache's rotation (implementation section)
 float gelu(float x);
 void gelu_times(float* x, const float* up, int64_t n);
