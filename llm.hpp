@@ -5339,42 +5339,43 @@ ScoresHeadsFn scores_heads_avx2_for(int heads, bool avxvnni) {
 // and no per-head sign fix-up. A query's block: its quants, the groups' sums times -128 (which take
 // the bias back out, exactly in integers), its scale.
 struct QueryBlockQ8 {
-    int32_t groups[8], unbias[8], magnitudes[8];  // magnitudes: |quants|, for the 256-bit kernel below
+    int32_t groups[8], unbias[8], magnitudes[8];  // magnitudes: |quants|, the 256-bit kernel's (not unbias)
     float d;
 };
 constexpr int kScoresQ8MaxBlocks = 32;  // head dims up to 1024 (a latent cache's rows are 576)
-LLM_AVX512_WARNINGS_OFF
-// Block b of 16 rows (row(r) gives row r's first block) as groups[j] lane r = row r's group j + 128
-// and scales lane r = row r's scale: two 8 x 8 transposes of 32-bit groups side by side, rows 0-7 in
-// the low 256 bits, 8-15 in the high.
+// Block b of 8 rows (row(r): row r's first block) as groups[j * group_stride + r] = row r's 4-byte
+// group j, each byte xor bias (0x80: biased by 128 to be unsigned), and scales[r] = row r's scale:
+// one 8 x 8 transpose of 32-bit groups.
 template <class RowFn>
-LLM_AVX512VNNI_INLINE void transpose_q8_0_rows16(RowFn row, int64_t b, int32_t groups[8][16], float scales[16]) {
-    alignas(32) uint16_t d[16];
-    for (int r = 0; r < 16; r++) d[r] = ((const block_q8_0*)row(r))[b].d;
-    _mm512_store_ps(scales, _mm512_cvtph_ps(_mm256_load_si256((const __m256i*)d)));
-    __m512i z[8], t[8], u[8];
-    for (int i = 0; i < 8; i++)
-        z[i] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i*)((const block_q8_0*)row(i))[b].qs)),
-                                  _mm256_loadu_si256((const __m256i*)((const block_q8_0*)row(i + 8))[b].qs), 1);
-    for (int i = 0; i < 8; i += 2) t[i] = _mm512_unpacklo_epi32(z[i], z[i + 1]), t[i + 1] = _mm512_unpackhi_epi32(z[i], z[i + 1]);
+LLM_AVX2_INLINE void transpose_q8_0_rows8(RowFn row, int64_t b, char bias, int32_t* groups, int64_t group_stride, float* scales) {
+    alignas(16) uint16_t d[8];
+    __m256i z[8], t[8], u[8];
+    for (int r = 0; r < 8; r++)
+        d[r] = row(r)[b].d, z[r] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i*)row(r)[b].qs), _mm256_set1_epi8(bias));
+    _mm256_storeu_ps(scales, _mm256_cvtph_ps(_mm_load_si128((const __m128i*)d)));
+    for (int i = 0; i < 8; i += 2) t[i] = _mm256_unpacklo_epi32(z[i], z[i + 1]), t[i + 1] = _mm256_unpackhi_epi32(z[i], z[i + 1]);
     for (int i = 0; i < 8; i += 4) {  // u[i + j]: in each 128 bits, group j (or j + 4) of 4 rows
-        u[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]), u[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
-        u[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]), u[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+        u[i] = _mm256_unpacklo_epi64(t[i], t[i + 2]), u[i + 1] = _mm256_unpackhi_epi64(t[i], t[i + 2]);
+        u[i + 2] = _mm256_unpacklo_epi64(t[i + 1], t[i + 3]), u[i + 3] = _mm256_unpackhi_epi64(t[i + 1], t[i + 3]);
     }
-    const __m512i low = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13), high = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
-    const __m512i bias = _mm512_set1_epi8((char)0x80);
     for (int j = 0; j < 4; j++) {
-        _mm512_store_si512(groups[j], _mm512_xor_si512(_mm512_permutex2var_epi64(u[j], low, u[j + 4]), bias));
-        _mm512_store_si512(groups[j + 4], _mm512_xor_si512(_mm512_permutex2var_epi64(u[j], high, u[j + 4]), bias));
+        _mm256_storeu_si256((__m256i*)(groups + j * group_stride), _mm256_permute2x128_si256(u[j], u[j + 4], 0x20));
+        _mm256_storeu_si256((__m256i*)(groups + (j + 4) * group_stride), _mm256_permute2x128_si256(u[j], u[j + 4], 0x31));
     }
 }
+LLM_AVX512_WARNINGS_OFF
 LLM_AVX512VNNI_FN void scores_q8_0_rows16(const uint8_t* rows, size_t stride, int64_t n_rows, int64_t nb, const QueryBlockQ8* queries,
                                           int heads, float* out, int64_t out_stride) {
     alignas(64) int32_t group[kScoresQ8MaxBlocks][8][16];
     alignas(64) float scale[kScoresQ8MaxBlocks][16];
     const __mmask16 live = n_rows >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n_rows) - 1);
-    auto row = [&](int r) { return rows + std::min<int64_t>(r, n_rows - 1) * stride; };  // past the last: the last again
-    for (int64_t b = 0; b < nb; b++) transpose_q8_0_rows16(row, b, group[b], scale[b]);
+    // past the last row: the last again
+    auto row = [&](int r) { return (const block_q8_0*)(rows + std::min<int64_t>(r, n_rows - 1) * stride); };
+    auto second = [&](int r) { return row(r + 8); };
+    for (int64_t b = 0; b < nb; b++) {  // rows 0-7 to lanes 0-7, rows 8-15 to lanes 8-15
+        transpose_q8_0_rows8(row, b, (char)0x80, &group[b][0][0], 16, scale[b]);
+        transpose_q8_0_rows8(second, b, (char)0x80, &group[b][0][8], 16, scale[b] + 8);
+    }
     for (int h = 0; h < heads; h++) {
         const QueryBlockQ8* q = queries + h * nb;
         __m512 acc[8];
@@ -5394,30 +5395,16 @@ LLM_AVX512VNNI_FN void scores_q8_0_rows16(const uint8_t* rows, size_t stride, in
     }
 }
 LLM_AVX512_WARNINGS_ON
-// The same on 256-bit registers (AVX2, AVX-VNNI), 8 rows at a time, one 8 x 8 transpose; without the
-// bias: the query's |quants| broadcast are the unsigned operand and the rows' groups take the query's
-// signs (vpsignb), so vpmaddubsw's pairs stay below 2^15 as in the row tiles.
+// The same on 256-bit registers (AVX2, AVX-VNNI), 8 rows at a time, one transpose; without the bias:
+// the query's |quants| broadcast are the unsigned operand and the rows' groups take the query's signs
+// (vpsignb), so vpmaddubsw's pairs stay below 2^15 as in the row tiles.
 template <class Ops>
 LLM_AVX2_INLINE void scores_q8_0_rows8(const uint8_t* rows, size_t stride, int64_t n_rows, int64_t nb, const QueryBlockQ8* queries,
                                        int heads, float* out, int64_t out_stride) {
     alignas(32) int32_t group[kScoresQ8MaxBlocks][8][8];
     alignas(32) float scale[kScoresQ8MaxBlocks][8];
     auto row = [&](int r) { return (const block_q8_0*)(rows + std::min<int64_t>(r, n_rows - 1) * stride); };
-    for (int64_t b = 0; b < nb; b++) {
-        alignas(16) uint16_t d[8];
-        __m256i z[8], t[8], u[8];
-        for (int r = 0; r < 8; r++) d[r] = row(r)[b].d, z[r] = _mm256_loadu_si256((const __m256i*)row(r)[b].qs);
-        _mm256_store_ps(scale[b], _mm256_cvtph_ps(_mm_load_si128((const __m128i*)d)));
-        for (int i = 0; i < 8; i += 2) t[i] = _mm256_unpacklo_epi32(z[i], z[i + 1]), t[i + 1] = _mm256_unpackhi_epi32(z[i], z[i + 1]);
-        for (int i = 0; i < 8; i += 4) {
-            u[i] = _mm256_unpacklo_epi64(t[i], t[i + 2]), u[i + 1] = _mm256_unpackhi_epi64(t[i], t[i + 2]);
-            u[i + 2] = _mm256_unpacklo_epi64(t[i + 1], t[i + 3]), u[i + 3] = _mm256_unpackhi_epi64(t[i + 1], t[i + 3]);
-        }
-        for (int j = 0; j < 4; j++) {
-            _mm256_store_si256((__m256i*)group[b][j], _mm256_permute2x128_si256(u[j], u[j + 4], 0x20));
-            _mm256_store_si256((__m256i*)group[b][j + 4], _mm256_permute2x128_si256(u[j], u[j + 4], 0x31));
-        }
-    }
+    for (int64_t b = 0; b < nb; b++) transpose_q8_0_rows8(row, b, 0, &group[b][0][0], 8, scale[b]);
     for (int h = 0; h < heads; h++) {
         const QueryBlockQ8* q = queries + h * nb;
         __m256 acc[8];
@@ -5473,9 +5460,10 @@ bool attention_scores(Type kt, const uint8_t* rows, size_t stride, int64_t n_row
                 const block_q8_0& y = ((const block_q8_0*)(qc + h * q_row))[b];
                 qimpl::QueryBlockQ8& qb = queries[h * nb + b];
                 memcpy(qb.groups, y.qs, 32);
-                for (int j = 0; j < 8; j++) {
-                    qb.unbias[j] = -128 * (y.qs[4 * j] + y.qs[4 * j + 1] + y.qs[4 * j + 2] + y.qs[4 * j + 3]);
-                    for (int i = 0; i < 4; i++) ((uint8_t*)&qb.magnitudes[j])[i] = (uint8_t)std::abs(y.qs[4 * j + i]);
+                for (int j = 0; j < 8; j++) {  // what the tier's kernel reads: the unbias sums or |quants|
+                    if (wide) qb.unbias[j] = -128 * (y.qs[4 * j] + y.qs[4 * j + 1] + y.qs[4 * j + 2] + y.qs[4 * j + 3]);
+                    else
+                        for (int i = 0; i < 4; i++) ((uint8_t*)&qb.magnitudes[j])[i] = (uint8_t)std::abs(y.qs[4 * j + i]);
                 }
                 qb.d = fp16_to_fp32(y.d);
             }
