@@ -5068,6 +5068,22 @@ struct Lanes16 {
     static inline LLM_AVX512_FN void store(float* p, F v) { _mm512_storeu_ps(p, v); }
     static inline LLM_AVX512_FN F fma(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
     static inline LLM_AVX512_FN F mul(F a, F b) { return _mm512_mul_ps(a, b); }
+    // the softmax's (see softmax_body)
+    static inline LLM_AVX512_FN F add(F a, F b) { return _mm512_add_ps(a, b); }
+    static inline LLM_AVX512_FN F sub(F a, F b) { return _mm512_sub_ps(a, b); }
+    static inline LLM_AVX512_FN F fnma(F a, F b, F c) { return _mm512_fnmadd_ps(a, b, c); }
+    static inline LLM_AVX512_FN F max(F a, F b) { return _mm512_max_ps(a, b); }
+    static inline LLM_AVX512_FN float hmax(F v) { return _mm512_reduce_max_ps(v); }
+    static inline LLM_AVX512_FN F round(F v) { return _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+    // 2^n for integral n in [-126, 127], through the exponent bits
+    static inline LLM_AVX512_FN F exp2i(F n) {
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23));
+    }
+    // v where x >= limit, else 0
+    static inline LLM_AVX512_FN F where_at_least(F v, F x, float limit) {
+        return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(limit), _CMP_GE_OQ), v);
+    }
+    static inline LLM_AVX512_FN F round_f16(F v) { return _mm512_cvtph_ps(_mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT)); }
     static inline LLM_AVX512_FN F half(const uint16_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p)); }
     static inline LLM_AVX512_FN F ints(const int8_t* p) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)p))); }
     // the 16 values of nibble (hi) of 16 bytes, minus 8 (Q4_0) or through the IQ4_NL table
@@ -5087,6 +5103,20 @@ struct Lanes8 {
     static LLM_AVX2_INLINE void store(float* p, F v) { _mm256_storeu_ps(p, v); }
     static LLM_AVX2_INLINE F fma(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
     static LLM_AVX2_INLINE F mul(F a, F b) { return _mm256_mul_ps(a, b); }
+    // the softmax's (see softmax_body)
+    static LLM_AVX2_INLINE F add(F a, F b) { return _mm256_add_ps(a, b); }
+    static LLM_AVX2_INLINE F sub(F a, F b) { return _mm256_sub_ps(a, b); }
+    static LLM_AVX2_INLINE F fnma(F a, F b, F c) { return _mm256_fnmadd_ps(a, b, c); }
+    static LLM_AVX2_INLINE F max(F a, F b) { return _mm256_max_ps(a, b); }
+    static LLM_AVX2_INLINE float hmax(F v) { return hmax8(v); }
+    static LLM_AVX2_INLINE F round(F v) { return _mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+    static LLM_AVX2_INLINE F exp2i(F n) {
+        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23));
+    }
+    static LLM_AVX2_INLINE F where_at_least(F v, F x, float limit) {
+        return _mm256_and_ps(v, _mm256_cmp_ps(x, _mm256_set1_ps(limit), _CMP_GE_OQ));
+    }
+    static LLM_AVX2_INLINE F round_f16(F v) { return _mm256_cvtph_ps(_mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT)); }
     static LLM_AVX2_INLINE F half(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p)); }
     static LLM_AVX2_INLINE F ints(const int8_t* p) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)p))); }
     static LLM_AVX2_INLINE F nibbles(const uint8_t* p, bool hi, bool table) {
@@ -5576,49 +5606,84 @@ void weighted_row_sum(Type t, const uint8_t* rows, size_t stride, const float* w
 
 namespace qimpl {
 #ifdef LLM_X86
-// e^x for x <= 0 (attention scores minus their maximum): x = n ln2 + r with |r| <= ln2/2, e^r by its
-// degree-6 Taylor polynomial (relative error ~2e-7), 2^n through the exponent bits; below -87.3
-// (where floats run out) the result is 0.
-LLM_AVX2_INLINE __m256 exp_nonpos(__m256 x) {
-    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), x);  // ln2 split in two parts
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.428606765330187045e-06f), r);
-    __m256 p = _mm256_set1_ps(1.0f / 720);
-    for (float c : {1.0f / 120, 1.0f / 24, 1.0f / 6, 0.5f, 1.0f, 1.0f}) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
-    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    const __m256 v = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
-    return _mm256_and_ps(v, _mm256_cmp_ps(x, _mm256_set1_ps(-87.3f), _CMP_GE_OQ));
+// Stamped once per tier, as the V sums above.
+// exp_nonpos: e^x for x <= 0 (attention scores minus their maximum): x = n ln2 + r with |r| <= ln2/2,
+// e^r by its degree-6 Taylor polynomial (relative error ~2e-7), 2^n through the exponent bits; below
+// -87.3 (where floats run out) the result is 0. Lane by lane the same operations at either width.
+// softmax_body: x[0..n) = softmax(x * scale) for scale > 0. The maximum is taken on the unscaled
+// scores (rounding is monotonic, so max(x) * scale is the maximum of the scaled ones) and x * scale
+// is formed in the exp pass; the sum runs over 16 float lanes (two 8-float vectors on AVX2, so both
+// tiers give the same bits) in chunks of 256 values, each lane's chunk sums added in double: within
+// 16 float roundings of the exact sum at any length. The last n % 16 values go through std::exp.
+#define LLM_SOFTMAX_BODIES(TIER_INLINE, SUFFIX) \
+template <class L> \
+TIER_INLINE typename L::F exp_nonpos##SUFFIX(typename L::F x) { \
+    const typename L::F n = L::round(L::mul(x, L::set1(1.44269504088896341f))); \
+    typename L::F r = L::fnma(n, L::set1(0.693145751953125f), x);  /* ln2 split in two parts */ \
+    r = L::fnma(n, L::set1(1.428606765330187045e-06f), r); \
+    typename L::F p = L::fma(L::set1(1.0f / 720), r, L::set1(1.0f / 120)); \
+    p = L::fma(p, r, L::set1(1.0f / 24)); \
+    p = L::fma(p, r, L::set1(1.0f / 6)); \
+    p = L::fma(p, r, L::set1(0.5f)); \
+    p = L::fma(p, r, L::set1(1.0f)); \
+    p = L::fma(p, r, L::set1(1.0f)); \
+    return L::where_at_least(L::mul(p, L::exp2i(n)), x, -87.3f); \
+} \
+template <class L> \
+TIER_INLINE void softmax_body##SUFFIX(float* x, int64_t n, float scale, bool round_f16) { \
+    constexpr int kLanes = sizeof(typename L::F) / 4, kPerSixteen = 16 / kLanes; \
+    const int64_t n16 = n / 16 * 16; \
+    typename L::F top[4] = {L::set1(-INFINITY), L::set1(-INFINITY), L::set1(-INFINITY), L::set1(-INFINITY)}; \
+    int64_t i = 0; \
+    for (; i + 4 * kLanes <= n16; i += 4 * kLanes)  /* four chains: max's latency, not its rate */ \
+        for (int v = 0; v < 4; v++) top[v] = L::max(top[v], L::load(x + i + kLanes * v)); \
+    for (; i < n16; i += kLanes) top[0] = L::max(top[0], L::load(x + i)); \
+    float mx = L::hmax(L::max(L::max(top[0], top[1]), L::max(top[2], top[3]))); \
+    for (i = n16; i < n; i++) mx = std::max(mx, x[i]); \
+    mx *= scale; \
+    const typename L::F vscale = L::set1(scale), vmx = L::set1(mx); \
+    double lane_totals[16] = {}; \
+    for (int64_t c0 = 0; c0 < n16; c0 += 256) { \
+        typename L::F lane_sums[kPerSixteen]; \
+        for (int v = 0; v < kPerSixteen; v++) lane_sums[v] = L::zero(); \
+        for (i = c0; i < std::min(n16, c0 + 256); i += 16) \
+            for (int v = 0; v < kPerSixteen; v++) { \
+                float* at = x + i + kLanes * v; \
+                const typename L::F e = exp_nonpos##SUFFIX<L>(L::sub(L::mul(L::load(at), vscale), vmx)); \
+                L::store(at, e); \
+                lane_sums[v] = L::add(lane_sums[v], e); \
+            } \
+        float lanes[16]; \
+        for (int v = 0; v < kPerSixteen; v++) L::store(lanes + kLanes * v, lane_sums[v]); \
+        for (int l = 0; l < 16; l++) lane_totals[l] += lanes[l]; \
+    } \
+    double sum = 0; \
+    for (double t : lane_totals) sum += t; \
+    for (i = n16; i < n; i++) { \
+        const float scaled = x[i] * scale; \
+        sum += (x[i] = std::exp(scaled - mx)); \
+    } \
+    const float inv = (float)(1.0 / sum); \
+    const typename L::F vinv = L::set1(inv); \
+    for (i = 0; i < n16; i += kLanes) { \
+        const typename L::F p = L::mul(L::load(x + i), vinv); \
+        L::store(x + i, round_f16 ? L::round_f16(p) : p); \
+    } \
+    for (i = n16; i < n; i++) x[i] = round_f16 ? fp16_to_fp32(fp32_to_fp16(x[i] * inv)) : x[i] * inv; \
 }
+LLM_SOFTMAX_BODIES(LLM_AVX2_INLINE, _avx2)
+LLM_AVX512_WARNINGS_OFF
+LLM_SOFTMAX_BODIES(LLM_AVX512_INLINE, _avx512)
+LLM_AVX512_WARNINGS_ON
+#undef LLM_SOFTMAX_BODIES
 LLM_AVX2_FN void softmax_avx2(float* x, int64_t n, float scale, bool round_f16) {
-    const __m256 vs = _mm256_set1_ps(scale);
-    __m256 vm = _mm256_set1_ps(-INFINITY);
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        const __m256 v = _mm256_mul_ps(_mm256_loadu_ps(x + i), vs);
-        _mm256_storeu_ps(x + i, v);
-        vm = _mm256_max_ps(vm, v);
-    }
-    float mx = hmax8(vm);
-    for (; i < n; i++) mx = std::max(mx, x[i] *= scale);
-    // sums of 8 in float, accumulated in double
-    double sum = 0;
-    const __m256 vmx = _mm256_set1_ps(mx);
-    for (i = 0; i + 8 <= n; i += 8) {
-        const __m256 v = exp_nonpos(_mm256_sub_ps(_mm256_loadu_ps(x + i), vmx));
-        _mm256_storeu_ps(x + i, v);
-        sum += hsum8(v);
-    }
-    for (; i < n; i++) sum += (x[i] = std::exp(x[i] - mx));
-    const float inv = (float)(1.0 / sum);
-    const __m256 vi = _mm256_set1_ps(inv);
-    for (i = 0; i + 8 <= n; i += 8) {
-        __m256 v = _mm256_mul_ps(_mm256_loadu_ps(x + i), vi);
-        if (round_f16) v = _mm256_cvtph_ps(_mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
-        _mm256_storeu_ps(x + i, v);
-    }
-    for (; i < n; i++) x[i] = round_f16 ? fp16_to_fp32(fp32_to_fp16(x[i] * inv)) : x[i] * inv;
+    softmax_body_avx2<Lanes8>(x, n, scale, round_f16);
 }
+LLM_AVX512_WARNINGS_OFF
+LLM_AVX512_FN void softmax_avx512(float* x, int64_t n, float scale, bool round_f16) {
+    softmax_body_avx512<Lanes16>(x, n, scale, round_f16);
+}
+LLM_AVX512_WARNINGS_ON
 // One n-value block (n a power of two, >= 8) of hadamard below with the same butterflies in the same
 // order, so bit-identical: stages 1, 2 and 4 inside each 8-float vector (the partner lanes by a shuffle,
 // u + w where a lane keeps the sum, w - u where it keeps the difference), the wider stages across vectors.
@@ -5646,11 +5711,13 @@ LLM_AVX2_FN void hadamard_avx2(float* x, int n, float scale) {
 #endif
 } // namespace qimpl
 
-// x[0..n) = softmax(x * scale), the sum in double; with round_f16 each probability is rounded to
-// f16 (what the reference does before multiplying an f16 V).
+// x[0..n) = softmax(x * scale), the sum in double (the vector tiers: in float chunks, see
+// softmax_body); with round_f16 each probability is rounded to f16 (what the reference does before
+// multiplying an f16 V).
 void softmax_scaled(float* x, int64_t n, float scale, bool round_f16) {
 #ifdef LLM_X86
-    if (isa_current() != Isa::Scalar) return qimpl::softmax_avx2(x, n, scale, round_f16);
+    if (isa_current() != Isa::Scalar && scale > 0)
+        return (isa_current() == Isa::AVX512 ? qimpl::softmax_avx512 : qimpl::softmax_avx2)(x, n, scale, round_f16);
 #endif
     float mx = -INFINITY;
     for (int64_t i = 0; i < n; i++) mx = std::max(mx, x[i] *= scale);
@@ -14535,7 +14602,7 @@ LLM_AVX2_FN void silu_times_avx2(float* x, const float* up, int64_t n) {
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) {
         const __m256 v = _mm256_loadu_ps(x + i);
-        const __m256 t = exp_nonpos(_mm256_or_ps(v, sign));
+        const __m256 t = exp_nonpos_avx2<Lanes8>(_mm256_or_ps(v, sign));
         const __m256 numerator = _mm256_blendv_ps(v, _mm256_mul_ps(v, t), v);  // (blendv picks by v's sign)
         const __m256 s = _mm256_div_ps(numerator, _mm256_add_ps(one, t));
         _mm256_storeu_ps(x + i, _mm256_mul_ps(s, _mm256_loadu_ps(up + i)));

@@ -632,6 +632,7 @@ void gelu_times(float* x, const float* up, int64_t n);
 float silu(float x);
 void silu_times(float* x, const float* up, int64_t n);
 void hadamard(float* data, int64_t count, int n);
+void softmax_scaled(float* x, int64_t n, float scale, bool round_f16);
 }
 
 TEST_CASE("quants: GELU through the f16 table equals the scalar gelu bit for bit on every tier") {
@@ -694,6 +695,51 @@ TEST_CASE("quants: the Walsh-Hadamard transform's vector butterflies equal the s
             std::vector<float> got = x;
             llm::hadamard(got.data(), (int64_t)got.size(), n);
             CHECK(memcmp(got.data(), want.data(), want.size() * sizeof(float)) == 0);
+        }
+    }
+}
+
+TEST_CASE("quants: attention's softmax on every tier within 1e-6 relative of the softmax in double, the vector tiers bit for bit alike") {
+    IsaGuard guard;
+    // Scores spread wide enough that some fall 87 below the maximum (where the vector exp gives 0);
+    // lengths on both sides of the 16-value groups and the 256-value chunks; a negative scale (the
+    // max of the unscaled scores would be the wrong one: the vector tiers hand it to the scalar path).
+    std::mt19937 rng(17);
+    for (int64_t n : {1, 7, 16, 100, 256, 257, 1000, 5003}) {
+        for (float scale : {0.125f, 0.17f, -0.5f}) {
+            for (bool round_f16 : {false, true}) {
+                CAPTURE(n);
+                CAPTURE(scale);
+                CAPTURE(round_f16);
+                const std::vector<float> x = random_floats(rng, n, 60.0f);
+                double mx = -INFINITY, sum = 0;
+                for (float v : x) mx = std::max(mx, (double)v * scale);
+                for (float v : x) sum += std::exp((double)v * scale - mx);
+                std::vector<float> vector_tier;
+                for (llm::Isa isa : supported_isas()) {
+                    CAPTURE(llm::isa_name(isa));
+                    llm::isa_set(isa);
+                    std::vector<float> got = x;
+                    llm::softmax_scaled(got.data(), n, scale, round_f16);
+                    size_t bad = 0;
+                    double total = 0;
+                    for (int64_t i = 0; i < n; i++) {
+                        const double want = std::exp((double)x[i] * scale - mx) / sum;
+                        // x * scale and its difference to the maximum round in float (an error of the
+                        // exponent is a relative one of its exp); f16 rounds to 11 bits, and to a
+                        // multiple of 2^-24 below its normals
+                        const double argument = 0x1p-23 * (std::fabs((double)x[i] * scale) + std::fabs(mx));
+                        const double rel = 1e-6 + argument + (round_f16 ? 0x1p-11 : 0), abs = round_f16 ? 0x1p-25 : 1e-37;
+                        bad += !(std::fabs(got[i] - want) <= rel * want + abs);
+                        total += got[i];
+                    }
+                    CHECK(bad == 0);
+                    CHECK(total == doctest::Approx(1.0).epsilon(round_f16 ? 1e-3 : 1e-5));
+                    if (isa == llm::Isa::Scalar) continue;
+                    if (vector_tier.empty()) vector_tier = got;
+                    CHECK(memcmp(got.data(), vector_tier.data(), n * sizeof(float)) == 0);
+                }
+            }
         }
     }
 }
