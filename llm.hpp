@@ -3064,19 +3064,43 @@ LLM_AVX2_FN void quant_q8_rt_avx2(const float* x, int64_t nb, block_q8_0* y0, bl
         int8_t* qs = y0 ? y0[i].qs : y1[i].qs;
         const __m256i bytes = round32(x, _mm256_set1_ps(id), qs);
         if (y0) {
-            y0[i].d = fp32_to_fp16(d);
+            y0[i].d = _cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT);  // as fp32_to_fp16 (both round to nearest even)
         } else {
-            y1[i].d = fp32_to_fp16(d);
+            y1[i].d = _cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT);
             const __m256i s16 = _mm256_maddubs_epi16(_mm256_set1_epi8(1), bytes);
             const __m256i s32 = _mm256_madd_epi16(s16, _mm256_set1_epi16(1));
             __m128i t = _mm_add_epi32(_mm256_castsi256_si128(s32), _mm256_extracti128_si256(s32, 1));
             t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4E));
             t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xB1));
             const int sum = _mm_cvtsi128_si32(t);
-            y1[i].s = fp32_to_fp16(std::min(65504.0f, std::max(-65504.0f, sum * d)));
+            y1[i].s = _cvtss_sh(std::min(65504.0f, std::max(-65504.0f, sum * d)), _MM_FROUND_TO_NEAREST_INT);
         }
     }
 }
+// The same, a block in two 512-bit registers: vpmovsdb saturates as min(127) and the packs do (the
+// scaled values are >= -127.5, so nothing reaches the low end).
+LLM_AVX512_WARNINGS_OFF
+LLM_AVX512_FN void quant_q8_rt_avx512(const float* x, int64_t nb, block_q8_0* y0, block_q8_1* y1) {
+    for (int64_t i = 0; i < nb; i++, x += 32) {
+        const __m512 lo = _mm512_loadu_ps(x), hi = _mm512_loadu_ps(x + 16);
+        const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(lo), _mm512_abs_ps(hi)));
+        const float d = amax / 127, id = amax != 0.0f ? 127.f / amax : 0.0f;
+        const __m512 scale = _mm512_set1_ps(id);
+        const __m512i q_lo = _mm512_min_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(lo, scale)), _mm512_set1_epi32(127));
+        const __m512i q_hi = _mm512_min_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(hi, scale)), _mm512_set1_epi32(127));
+        int8_t* qs = y0 ? y0[i].qs : y1[i].qs;
+        _mm_storeu_si128((__m128i*)qs, _mm512_cvtsepi32_epi8(q_lo));
+        _mm_storeu_si128((__m128i*)(qs + 16), _mm512_cvtsepi32_epi8(q_hi));
+        if (y0) {
+            y0[i].d = _cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT);
+        } else {
+            y1[i].d = _cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT);
+            const int sum = _mm512_reduce_add_epi32(_mm512_add_epi32(q_lo, q_hi));
+            y1[i].s = _cvtss_sh(std::min(65504.0f, std::max(-65504.0f, sum * d)), _MM_FROUND_TO_NEAREST_INT);
+        }
+    }
+}
+LLM_AVX512_WARNINGS_ON
 LLM_AVX2_FN void quant_f16_avx2(const float* x, int64_t n, uint16_t* y) {
     int64_t i = 0;
     for (; i + 8 <= n; i += 8)
@@ -3181,9 +3205,10 @@ inline std::atomic<int>& isa_state() {
 bool qimpl::quantize_act_simd(Type t, const float* src, void* dst, int64_t n) {
 #ifdef LLM_X86
     if (isa_current() == Isa::Scalar) return false;
+    const bool wide = isa_current() == Isa::AVX512;
     switch (t) {
-    case Type::Q8_0: qimpl::quant_q8_rt_avx2(src, n / 32, (block_q8_0*)dst, nullptr); return true;
-    case Type::Q8_1: qimpl::quant_q8_rt_avx2(src, n / 32, nullptr, (block_q8_1*)dst); return true;
+    case Type::Q8_0: (wide ? qimpl::quant_q8_rt_avx512 : qimpl::quant_q8_rt_avx2)(src, n / 32, (block_q8_0*)dst, nullptr); return true;
+    case Type::Q8_1: (wide ? qimpl::quant_q8_rt_avx512 : qimpl::quant_q8_rt_avx2)(src, n / 32, nullptr, (block_q8_1*)dst); return true;
     case Type::Q8_K: qimpl::quant_q8_K_avx2(src, n / QK_K, (block_q8_K*)dst); return true;
     case Type::F16: qimpl::quant_f16_avx2(src, n, (uint16_t*)dst); return true;
     default: return false;

@@ -283,6 +283,33 @@ TEST_CASE("quants: quantize/dequantize round trip error bounds") {
     }
 }
 
+TEST_CASE("quants: activation quantizers (quantize_row) give the scalar path's bytes on every tier") {
+    IsaGuard guard;
+    // Gaussian blocks at several magnitudes (down to scales that are f16 subnormals), an all-zero
+    // block, blocks whose largest value has either sign, values halfway between two quants, and a
+    // block of one repeated value (its sum is 32 x 127).
+    std::mt19937 rng(23);
+    std::vector<float> x;
+    for (float scale : {1.0f, 1e-3f, 1e-6f, 300.0f})
+        for (float v : random_floats(rng, 1024, scale)) x.push_back(v);
+    for (int i = 0; i < 256; i++) x.push_back(0.0f);
+    for (int i = 0; i < 256; i++) x.push_back(i % 32 == 5 ? -127.0f : (i % 7) - 3.5f + (i % 2 ? 0.5f : 0.0f));
+    for (int i = 0; i < 256; i++) x.push_back(0.75f);
+    const int64_t n = (int64_t)x.size();
+    for (Type t : {Type::Q8_0, Type::Q8_1, Type::Q8_K, Type::F16}) {
+        CAPTURE(llm::type_info(t).name);
+        llm::isa_set(llm::Isa::Scalar);
+        const std::vector<uint8_t> want = quantized(t, x);
+        for (llm::Isa isa : supported_isas()) {
+            CAPTURE(llm::isa_name(isa));
+            llm::isa_set(isa);
+            std::vector<uint8_t> got(llm::row_bytes(t, n));
+            llm::quantize_row(t, x.data(), got.data(), n);
+            CHECK(got == want);
+        }
+    }
+}
+
 TEST_CASE("quants: vec_dot_type") {
     CHECK(llm::vec_dot_type(Type::F32) == Type::F32);
     CHECK(llm::vec_dot_type(Type::F16) == Type::F16);
