@@ -5095,7 +5095,7 @@ struct Lanes16 {
     static inline LLM_AVX512_FN F mul(F a, F b) { return _mm512_mul_ps(a, b); }
     // the softmax's (see softmax_body)
     static inline LLM_AVX512_FN F add(F a, F b) { return _mm512_add_ps(a, b); }
-    static inline LLM_AVX512_FN F sub(F a, F b) { return _mm512_sub_ps(a, b); }
+    static inline LLM_AVX512_FN F fms(F a, F b, F c) { return _mm512_fmsub_ps(a, b, c); }
     static inline LLM_AVX512_FN F fnma(F a, F b, F c) { return _mm512_fnmadd_ps(a, b, c); }
     static inline LLM_AVX512_FN F max(F a, F b) { return _mm512_max_ps(a, b); }
     static inline LLM_AVX512_FN float hmax(F v) { return _mm512_reduce_max_ps(v); }
@@ -5130,7 +5130,7 @@ struct Lanes8 {
     static LLM_AVX2_INLINE F mul(F a, F b) { return _mm256_mul_ps(a, b); }
     // the softmax's (see softmax_body)
     static LLM_AVX2_INLINE F add(F a, F b) { return _mm256_add_ps(a, b); }
-    static LLM_AVX2_INLINE F sub(F a, F b) { return _mm256_sub_ps(a, b); }
+    static LLM_AVX2_INLINE F fms(F a, F b, F c) { return _mm256_fmsub_ps(a, b, c); }
     static LLM_AVX2_INLINE F fnma(F a, F b, F c) { return _mm256_fnmadd_ps(a, b, c); }
     static LLM_AVX2_INLINE F max(F a, F b) { return _mm256_max_ps(a, b); }
     static LLM_AVX2_INLINE float hmax(F v) { return hmax8(v); }
@@ -5637,7 +5637,7 @@ namespace qimpl {
 // -87.3 (where floats run out) the result is 0. Lane by lane the same operations at either width.
 // softmax_body: x[0..n) = softmax(x * scale) for scale > 0. The maximum is taken on the unscaled
 // scores (rounding is monotonic, so max(x) * scale is the maximum of the scaled ones) and x * scale
-// is formed in the exp pass; the sum runs over 16 float lanes (two 8-float vectors on AVX2, so both
+// - max is formed in the exp pass, in one rounding (an fma: the same on every compiler); the sum runs over 16 float lanes (two 8-float vectors on AVX2, so both
 // tiers give the same bits) in chunks of 256 values, each lane's chunk sums added in double: within
 // 16 float roundings of the exact sum at any length. The last n % 16 values go through std::exp.
 #define LLM_SOFTMAX_BODIES(TIER_INLINE, SUFFIX) \
@@ -5658,12 +5658,17 @@ template <class L> \
 TIER_INLINE void softmax_body##SUFFIX(float* x, int64_t n, float scale, bool round_f16) { \
     constexpr int kLanes = sizeof(typename L::F) / 4, kPerSixteen = 16 / kLanes; \
     const int64_t n16 = n / 16 * 16; \
-    typename L::F top[4] = {L::set1(-INFINITY), L::set1(-INFINITY), L::set1(-INFINITY), L::set1(-INFINITY)}; \
+    /* four chains (max's latency, not its rate), named so they stay in registers */ \
+    typename L::F top0 = L::set1(-INFINITY), top1 = top0, top2 = top0, top3 = top0; \
     int64_t i = 0; \
-    for (; i + 4 * kLanes <= n16; i += 4 * kLanes)  /* four chains: max's latency, not its rate */ \
-        for (int v = 0; v < 4; v++) top[v] = L::max(top[v], L::load(x + i + kLanes * v)); \
-    for (; i < n16; i += kLanes) top[0] = L::max(top[0], L::load(x + i)); \
-    float mx = L::hmax(L::max(L::max(top[0], top[1]), L::max(top[2], top[3]))); \
+    for (; i + 4 * kLanes <= n16; i += 4 * kLanes) { \
+        top0 = L::max(top0, L::load(x + i)); \
+        top1 = L::max(top1, L::load(x + i + kLanes)); \
+        top2 = L::max(top2, L::load(x + i + 2 * kLanes)); \
+        top3 = L::max(top3, L::load(x + i + 3 * kLanes)); \
+    } \
+    for (; i < n16; i += kLanes) top0 = L::max(top0, L::load(x + i)); \
+    float mx = L::hmax(L::max(L::max(top0, top1), L::max(top2, top3))); \
     for (i = n16; i < n; i++) mx = std::max(mx, x[i]); \
     mx *= scale; \
     const typename L::F vscale = L::set1(scale), vmx = L::set1(mx); \
@@ -5672,9 +5677,10 @@ TIER_INLINE void softmax_body##SUFFIX(float* x, int64_t n, float scale, bool rou
         typename L::F lane_sums[kPerSixteen]; \
         for (int v = 0; v < kPerSixteen; v++) lane_sums[v] = L::zero(); \
         for (i = c0; i < std::min(n16, c0 + 256); i += 16) \
+_Pragma("GCC unroll 2")  /* so lane_sums stay in registers */ \
             for (int v = 0; v < kPerSixteen; v++) { \
                 float* at = x + i + kLanes * v; \
-                const typename L::F e = exp_nonpos##SUFFIX<L>(L::sub(L::mul(L::load(at), vscale), vmx)); \
+                const typename L::F e = exp_nonpos##SUFFIX<L>(L::fms(L::load(at), vscale, vmx)); \
                 L::store(at, e); \
                 lane_sums[v] = L::add(lane_sums[v], e); \
             } \
@@ -5684,10 +5690,7 @@ TIER_INLINE void softmax_body##SUFFIX(float* x, int64_t n, float scale, bool rou
     } \
     double sum = 0; \
     for (double t : lane_totals) sum += t; \
-    for (i = n16; i < n; i++) { \
-        const float scaled = x[i] * scale; \
-        sum += (x[i] = std::exp(scaled - mx)); \
-    } \
+    for (i = n16; i < n; i++) sum += (x[i] = std::exp(std::fma(x[i], scale, -mx))); \
     const float inv = (float)(1.0 / sum); \
     const typename L::F vinv = L::set1(inv); \
     for (i = 0; i < n16; i += kLanes) { \
