@@ -137,7 +137,9 @@ TEST_CASE("cli: -r / --reverse-prompt stops a completion where the text appears 
 }
 
 TEST_CASE("cli: -sp / --special prints special tokens as their text") {
-    const std::string prompt = "<|im_start|>user\nSay hi.<|im_end|>\n<|im_start|>assistant\n";
+    // a question SmolLM2 answers in one word on every tier ("Say hi." was a near tie at its third
+    // token, so the end token moved past the 24 tokens with the last bit of the vector softmax's sums)
+    const std::string prompt = "<|im_start|>user\nIs the sky blue? Answer yes or no.<|im_end|>\n<|im_start|>assistant\n";
     const std::string cmd = "./llm-server -m models/SmolLM2-135M-Instruct-Q4_1.gguf -p '" + prompt + "' -n 24 --temp 0 --ignore-eos 2>/dev/null";
     std::string plain, special;
     REQUIRE(testutil::run(cmd, &plain) == 0);
