@@ -5636,10 +5636,11 @@ namespace qimpl {
 // e^r by its degree-6 Taylor polynomial (relative error ~2e-7), 2^n through the exponent bits; below
 // -87.3 (where floats run out) the result is 0. Lane by lane the same operations at either width.
 // softmax_body: x[0..n) = softmax(x * scale) for scale > 0. The maximum is taken on the unscaled
-// scores (rounding is monotonic, so max(x) * scale is the maximum of the scaled ones) and x * scale
-// - max is formed in the exp pass, in one rounding (an fma: the same on every compiler); the sum runs over 16 float lanes (two 8-float vectors on AVX2, so both
-// tiers give the same bits) in chunks of 256 values, each lane's chunk sums added in double: within
-// 16 float roundings of the exact sum at any length. The last n % 16 values go through std::exp.
+// scores (rounding is monotonic, so max(x) * scale is the maximum of the scaled ones) and
+// x * scale - max is formed in the exp pass in one rounding (an fma: the same bits from every
+// compiler); the sum runs over 16 float lanes (two 8-float vectors on AVX2, so both tiers give the
+// same bits) in chunks of 256 values, each lane's chunk sums added in double: within 16 float
+// roundings of the exact sum at any length. The last n % 16 values go through std::exp.
 #define LLM_SOFTMAX_BODIES(TIER_INLINE, SUFFIX) \
 template <class L> \
 TIER_INLINE typename L::F exp_nonpos##SUFFIX(typename L::F x) { \
