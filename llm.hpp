@@ -5488,6 +5488,17 @@ LLM_AVXVNNI_FN void scores_q8_0_rows8_avxvnni(const uint8_t* rows, size_t stride
                                               const QueryBlockQ8* queries, int heads, float* out, int64_t out_stride) {
     scores_q8_0_rows8<OpsAVXVNNI>(rows, stride, n_rows, nb, queries, heads, out, out_stride);
 }
+// f16 queries in pairs of heads (zeros past the last) for scores_pairs: for each 8 values, 8 floats
+// of the first head then 8 of the second (F16C converts exactly, as fp16_to_fp32 does).
+LLM_AVX2_FN void pair_queries_f16(const uint8_t* qc, size_t q_row, int heads, int64_t dim, float* out) {
+    for (int h = 0; h < heads; h += 2)
+        for (int j = 0; j < 2; j++) {
+            const uint16_t* q = (const uint16_t*)(qc + (h + j) * q_row);
+            for (int64_t d = 0; d < dim; d += 8)
+                _mm256_storeu_ps(out + (h / 2 * dim + d) * 2 + 8 * j,
+                                 h + j < heads ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(q + d))) : _mm256_setzero_ps());
+        }
+}
 using ScoresFn = void (*)(const uint8_t*, size_t, int64_t, int64_t, const float*, int, float*, int64_t);
 inline ScoresFn scores_pairs_fn(int pairs) {
     static const ScoresFn f16[] = {scores_pairs<ScoresF16, 1>, scores_pairs<ScoresF16, 2>, scores_pairs<ScoresF16, 3>,
@@ -5541,15 +5552,7 @@ bool attention_scores(Type kt, const uint8_t* rows, size_t stride, int64_t n_row
             }
         return true;
     }
-    // f16 queries in pairs of heads (zeros past the last): for each 8 values, 8 floats of the first
-    // head then 8 of the second.
-    for (int h = 0; h < heads; h += 2) {
-        for (int j = 0; j < 2; j++) {
-            const bool real = h + j < heads;
-            const uint16_t* q = (const uint16_t*)(qc + (h + j) * q_row);
-            for (int64_t d = 0; d < dim; d++) scratch[(h / 2 * dim + d / 8 * 8) * 2 + 8 * j + d % 8] = real ? fp16_to_fp32(q[d]) : 0.0f;
-        }
-    }
+    qimpl::pair_queries_f16(qc, q_row, heads, dim, scratch);
     const int64_t pair_floats = 2 * dim;  // per pair of heads
     // Rows in blocks that stay in L1 while each group of up to 8 heads passes over them.
     const int64_t block = std::max<int64_t>(1, 32768 / (int64_t)stride);
