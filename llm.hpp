@@ -5388,15 +5388,25 @@ ScoresHeadsFn scores_heads_avx2_for(int heads, bool avxvnni) {
 }
 // q8_0 cache, 16 rows at a time: the rows' blocks transposed so register j holds the 4-byte group j
 // of every row (biased by 128 to be unsigned), a query's group j broadcast to all lanes, so one
-// vpdpbusd gives group j's integer sum for 16 rows. matmul_rows' 8 lane sums of a row become 8
-// registers, each lane a row: the same sums, scaled and added in the same order, then added across
-// lanes by vertical adds in hsum8's order, so the scores are bit-identical with no horizontal sums
-// and no per-head sign fix-up. A query's block: its quants, the groups' sums times -128 (which take
-// the bias back out, exactly in integers), its scale.
+// vpdpbusd adds group j's integer products for 16 rows. A block's exact integer dot product (the bias
+// taken back out in integers) is then scaled and added in two roundings, a multiply and an add, as the
+// scalar dot_q8_0 does: the scores equal the scalar tier's bit for bit, with one float step per block
+// where the vector matmul_rows (ggml's AVX2 order) takes one per four-value group.
+// A query's block: its quants, |quants| (the AVX2 kernel's unsigned operand), -128 x their sum, its scale.
 struct QueryBlockQ8 {
-    int32_t groups[8], unbias[8], magnitudes[8];  // magnitudes: |quants|, the 256-bit kernel's (not unbias)
+    int32_t groups[8], magnitudes[8];
+    int32_t unbias;
     float d;
 };
+// v as computed: keeps GCC from fusing the multiply that made v into the add that takes it.
+LLM_AVX2_INLINE __m256 rounded(__m256 v) {
+    __asm__("" : "+x"(v));
+    return v;
+}
+LLM_AVX512_INLINE __m512 rounded(__m512 v) {
+    __asm__("" : "+v"(v));
+    return v;
+}
 constexpr int kScoresQ8MaxBlocks = 32;  // head dims up to 1024 (a latent cache's rows are 576)
 // Block b of 8 rows (row(r): row r's first block) as groups[j * group_stride + r] = row r's 4-byte
 // group j, each byte xor bias (0x80: biased by 128 to be unsigned), and scales[r] = row r's scale:
@@ -5433,50 +5443,47 @@ LLM_AVX512VNNI_FN void scores_q8_0_rows16(const uint8_t* rows, size_t stride, in
     }
     for (int h = 0; h < heads; h++) {
         const QueryBlockQ8* q = queries + h * nb;
-        __m512 acc[8];
-        for (__m512& a : acc) a = _mm512_setzero_ps();
+        __m512 acc = _mm512_setzero_ps();
         for (int64_t b = 0; b < nb; b++) {
-            const __m512 d = _mm512_mul_ps(_mm512_load_ps(scale[b]), _mm512_set1_ps(q[b].d));
+            __m512i sum[2] = {_mm512_set1_epi32(q[b].unbias), _mm512_setzero_si512()};  // two chains
 #pragma GCC unroll 8
-            for (int j = 0; j < 8; j++) {
-                const __m512i sum = _mm512_dpbusd_epi32(_mm512_set1_epi32(q[b].unbias[j]), _mm512_load_si512(group[b][j]),
-                                                        _mm512_set1_epi32(q[b].groups[j]));
-                acc[j] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(sum), acc[j]);
-            }
+            for (int j = 0; j < 8; j++)
+                sum[j % 2] = _mm512_dpbusd_epi32(sum[j % 2], _mm512_load_si512(group[b][j]), _mm512_set1_epi32(q[b].groups[j]));
+            const __m512 d = _mm512_mul_ps(_mm512_load_ps(scale[b]), _mm512_set1_ps(q[b].d));
+            acc = _mm512_add_ps(acc, rounded(_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(sum[0], sum[1])), d)));
         }
-        const __m512 low = _mm512_add_ps(_mm512_add_ps(acc[0], acc[4]), _mm512_add_ps(acc[2], acc[6]));
-        const __m512 high = _mm512_add_ps(_mm512_add_ps(acc[1], acc[5]), _mm512_add_ps(acc[3], acc[7]));
-        _mm512_mask_storeu_ps(out + h * out_stride, live, _mm512_add_ps(_mm512_add_ps(low, high), _mm512_setzero_ps()));
+        _mm512_mask_storeu_ps(out + h * out_stride, live, acc);
     }
 }
 LLM_AVX512_WARNINGS_ON
-// The same on 256-bit registers (AVX2, AVX-VNNI), 8 rows at a time, one transpose; without the bias:
-// the query's |quants| broadcast are the unsigned operand and the rows' groups take the query's signs
-// (vpsignb), so vpmaddubsw's pairs stay below 2^15 as in the row tiles.
+// The same on 256-bit registers, 8 rows at a time, one transpose. AVX-VNNI: as above. AVX2, without
+// the bias: the query's |quants| broadcast are the unsigned operand and the rows' groups take the
+// query's signs (vpsignb), so vpmaddubsw's pairs stay below 2^15 as in the row tiles.
 template <class Ops>
 LLM_AVX2_INLINE void scores_q8_0_rows8(const uint8_t* rows, size_t stride, int64_t n_rows, int64_t nb, const QueryBlockQ8* queries,
                                        int heads, float* out, int64_t out_stride) {
     alignas(32) int32_t group[kScoresQ8MaxBlocks][8][8];
     alignas(32) float scale[kScoresQ8MaxBlocks][8];
     auto row = [&](int r) { return (const block_q8_0*)(rows + std::min<int64_t>(r, n_rows - 1) * stride); };
-    for (int64_t b = 0; b < nb; b++) transpose_q8_0_rows8(row, b, 0, &group[b][0][0], 8, scale[b]);
+    for (int64_t b = 0; b < nb; b++) transpose_q8_0_rows8(row, b, Ops::kVnni ? (char)0x80 : 0, &group[b][0][0], 8, scale[b]);
     for (int h = 0; h < heads; h++) {
         const QueryBlockQ8* q = queries + h * nb;
-        __m256 acc[8];
-        for (__m256& a : acc) a = _mm256_setzero_ps();
+        __m256 acc = _mm256_setzero_ps();
         for (int64_t b = 0; b < nb; b++) {
-            const __m256 d = _mm256_mul_ps(_mm256_load_ps(scale[b]), _mm256_set1_ps(q[b].d));
+            __m256i sum[2] = {_mm256_set1_epi32(Ops::kVnni ? q[b].unbias : 0), _mm256_setzero_si256()};  // two chains
 #pragma GCC unroll 8
             for (int j = 0; j < 8; j++) {
-                const __m256i signed_rows = _mm256_sign_epi8(_mm256_load_si256((const __m256i*)group[b][j]), _mm256_set1_epi32(q[b].groups[j]));
-                const __m256i sum = Ops::dot_us(_mm256_set1_epi32(q[b].magnitudes[j]), signed_rows);
-                acc[j] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sum), acc[j]);
+                const __m256i rows_j = _mm256_load_si256((const __m256i*)group[b][j]);
+                if constexpr (Ops::kVnni) sum[j % 2] = Ops::dpbusd(sum[j % 2], rows_j, _mm256_set1_epi32(q[b].groups[j]));
+                else
+                    sum[j % 2] = _mm256_add_epi32(sum[j % 2], Ops::dot_us(_mm256_set1_epi32(q[b].magnitudes[j]),
+                                                                          _mm256_sign_epi8(rows_j, _mm256_set1_epi32(q[b].groups[j]))));
             }
+            const __m256 d = _mm256_mul_ps(_mm256_load_ps(scale[b]), _mm256_set1_ps(q[b].d));
+            acc = _mm256_add_ps(acc, rounded(_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(sum[0], sum[1])), d)));
         }
-        const __m256 low = _mm256_add_ps(_mm256_add_ps(acc[0], acc[4]), _mm256_add_ps(acc[2], acc[6]));
-        const __m256 high = _mm256_add_ps(_mm256_add_ps(acc[1], acc[5]), _mm256_add_ps(acc[3], acc[7]));
         alignas(32) float sums[8];
-        _mm256_store_ps(sums, _mm256_add_ps(_mm256_add_ps(low, high), _mm256_setzero_ps()));
+        _mm256_store_ps(sums, acc);
         std::copy(sums, sums + std::min<int64_t>(8, n_rows), out + h * out_stride);
     }
 }
@@ -5526,11 +5533,9 @@ bool attention_scores(Type kt, const uint8_t* rows, size_t stride, int64_t n_row
                 const block_q8_0& y = ((const block_q8_0*)(qc + h * q_row))[b];
                 qimpl::QueryBlockQ8& qb = queries[h * nb + b];
                 memcpy(qb.groups, y.qs, 32);
-                for (int j = 0; j < 8; j++) {  // what the tier's kernel reads: the unbias sums or |quants|
-                    if (wide) qb.unbias[j] = -128 * (y.qs[4 * j] + y.qs[4 * j + 1] + y.qs[4 * j + 2] + y.qs[4 * j + 3]);
-                    else
-                        for (int i = 0; i < 4; i++) ((uint8_t*)&qb.magnitudes[j])[i] = (uint8_t)std::abs(y.qs[4 * j + i]);
-                }
+                int32_t sum = 0;
+                for (int i = 0; i < 32; i++) sum += y.qs[i], ((uint8_t*)qb.magnitudes)[i] = (uint8_t)std::abs(y.qs[i]);
+                qb.unbias = -128 * sum;
                 qb.d = fp16_to_fp32(y.d);
             }
         const int64_t step = wide ? 16 : 8;  // rows per kernel call
