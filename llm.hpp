@@ -4313,7 +4313,12 @@ struct RowsQ45K {
                 __m256i isum[NC];
                 for (int c = 0; c < NC; c++) isum[c] = _mm256_setzero_si256();
                 for (int sb = 0; sb < 8; sb++) {
-                    if (hh == 0) prefetch_ahead<sizeof(G) / 8, Ops::kLocality>((const char*)&B + sb * (sizeof(G) / 8));
+                    // Both halves in one call (few columns): each pass prefetches half of what is ahead,
+                    // so the stream keeps going while the second half computes. One thread over 64 MiB
+                    // (L3 here), interleaved: AVX-VNNI 1 column +11-14 %, AVX2 2 columns +7-10 %; the
+                    // same for Q6_K's RowsK16 measured level (docs/performance.md, session 20).
+                    if (NH == 2) prefetch_ahead<sizeof(G) / 16, Ops::kLocality>((const char*)&B + (8 * hh + sb) * (sizeof(G) / 16));
+                    else if (hh == 0) prefetch_ahead<sizeof(G) / 8, Ops::kLocality>((const char*)&B + sb * (sizeof(G) / 8));
                     __m256i u[8];  // values 4i..4i+3 of the sub-block
 #pragma GCC unroll 4
                     for (int ch = 0; ch < 4; ch++) {
