@@ -5525,9 +5525,10 @@ inline ScoresFn scores_pairs_fn(int pairs) {
 #endif
 
 // Attention scores: out[h * out_stride + r] = (cache row r of type kt) . (query h) for `heads` queries
-// in the cache type's dot-product type (qc, q_row bytes apart), exactly as matmul_rows computes them;
-// scratch: 2 * (heads + 1) * dim floats. False when there is no kernel for this type and ISA (the
-// caller then uses matmul_rows).
+// in the cache type's dot-product type (qc, q_row bytes apart), exactly as matmul_rows computes them
+// (q8_0: as it does on the scalar tier, one float step per block; see QueryBlockQ8); scratch:
+// 2 * (heads + 1) * dim floats. False when there is no kernel for this type and ISA (the caller then
+// uses matmul_rows).
 bool attention_scores(Type kt, const uint8_t* rows, size_t stride, int64_t n_rows, int64_t dim, const uint8_t* qc, size_t q_row,
                       int heads, float* out, int64_t out_stride, float* scratch) {
 #ifdef LLM_X86
