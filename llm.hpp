@@ -3960,9 +3960,8 @@ LLM_AVX512_WARNINGS_ON
 // products come from vpmaddubsw (unsigned x signed pairs summed in int16, saturating): four-value
 // groups are summed in int16 in runs short enough never to saturate, then multiplied by the rows'
 // scales with vpmaddwd into int32 (exact). Q8_0 and IQ4_NL, whose stored bytes are too large for
-// that, multiply |w| by y with w's sign, or with one or two columns (decode) the stored bytes by y
-// split in two nibbles (RowsB32::run_few). The integer block sums and the float steps are those of
-// the AVX-512 kernels above, so both tiers give bit-identical results.
+// that, multiply |w| by y with w's sign. The integer block sums and the float steps are those of the
+// AVX-512 kernels above, so both tiers give bit-identical results.
 
 // Groups per int16 run for unsigned weight values up to UMax against activations |y| <= 128.
 constexpr int safe_run(int umax) { return 32767 / (2 * 128 * umax); }
@@ -4131,63 +4130,39 @@ struct RowsB32 {
 #pragma GCC unroll 8
         for (int c = 0; c < NC; c++) _mm256_storeu_ps(out + c * ld + 8 * h, _mm256_add_ps(acc[c], mins[c]));
     }
-    // Both halves of few columns (decode) on AVX2: group by group, each unpacked in registers (run's
-    // unpacking loops, not unrolled there, go through the stack), and for the signed types (Q8_0,
-    // IQ4_NL) no sign path: rather than |w| times y with w's sign (vpxor, vpabsb, vpsignb, vpmaddubsw,
-    // vpmaddwd and vpaddd per four-value group), the stored unsigned bytes u = w + 128 (0..255; IQ4_NL:
-    // its table + 128, 1..241) times y = 16 * yh + yl, split once per block and column for all 16 rows:
-    // yh = y >> 4 (-8..7), yl = y & 15 (0..15). Both products are summed in int16 runs that cannot
-    // saturate: u * yh pairs lie in [-4080, 3570], so a block's 8 groups stay within [-32640, 28560];
-    // u * yl pairs in [0, 7650], so 4 groups stay within 30600. dot(w, y) = 16 * hi + lo - 128 * sum(y)
-    // is the sign path's (and VNNI's) exact integer, and the float steps are run's, so the results are
-    // bit-identical.
+    // Both halves of few columns (decode) on AVX2 for Q5_0 / Q5_1: group by group, each unpacked with
+    // its fifth bits in registers and multiplied into every column's int16 run (4-7 % fewer
+    // instructions than run). The other types do better in run: Q4_0 / Q4_1 1.1-1.2x at 2 columns,
+    // Q8_0 / IQ4_NL (the sign path, where this once split y into nibbles) 11-23 % fewer instructions
+    // and 1.4x at 2 columns (docs/performance.md, session 21).
     template <int NC>
     static LLM_AVX2_INLINE void run_few(int64_t k, const uint8_t* W, const uint8_t* A, size_t as, const float* S, int64_t ss,
                                         const int32_t* ysum, float* out, int64_t ld) {
+        static_assert(kHasHigh<G> && !Table);
         using Y = std::conditional_t<kHasMin<G>, block_q8_1, block_q8_0>;
-        constexpr int kRun = safe_run(kHasHigh<G> ? 31 : 15);
+        constexpr int kRun = safe_run(31);
         const int64_t nb = k / 32;
         const G* x = (const G*)W;
-        alignas(16) uint8_t values[16];  // IQ4_NL's table + Offset
-        for (int i = 0; i < 16; i++) values[i] = (uint8_t)(kIQ4NLValues[i] + Offset);
-        const __m256i table = _mm256_broadcastsi128_si256(_mm_load_si128((const __m128i*)values));
-        const __m256i eight = _mm256_set1_epi8(8), ones = _mm256_set1_epi16(1), sixteen = _mm256_set1_epi16(16);
+        const __m256i ones = _mm256_set1_epi16(1);
         RowsAcc<2, NC> acc;
         acc.clear();
         for (int64_t b = 0; b < nb; b++) {
             const G& B = x[b];
             prefetch_ahead<sizeof(G), Ops::kLocality>(&B);
-            alignas(32) uint8_t high[NC][32], low[NC][32];  // the signed types: each column's yh and yl
-            if constexpr (kSigned) {
-#pragma GCC unroll 8
-                for (int c = 0; c < NC; c++) {
-                    const __m256i y = load256(((const Y*)(A + c * as))[b].qs);
-                    // the high nibble sign-extended from 4 bits: y >> 4 per byte
-                    _mm256_store_si256((__m256i*)high[c], _mm256_sub_epi8(_mm256_xor_si256(shr_mask(y, 4, 0x0F), eight), eight));
-                    _mm256_store_si256((__m256i*)low[c], _mm256_and_si256(y, _mm256_set1_epi8(0x0F)));
-                }
-            }
 #pragma GCC unroll 2
             for (int h = 0; h < 2; h++) {
-                __m256i hi[NC], lo[NC], sum[NC];  // int16 runs (hi: the signed types' yh products) and int32 sums
+                __m256i run[NC], sum[NC];  // int16 runs and int32 sums
 #pragma GCC unroll 8
                 for (int g = 0; g < 8; g++) {
-                    __m256i u;
-                    if constexpr (kHasBytes<G>) u = load256(B.qs[g] + 32 * h);
-                    else u = group_half(B, g, h, table);
+                    const __m256i u = group_half(B, g, h, _mm256_setzero_si256());  // (no table)
 #pragma GCC unroll 8
                     for (int c = 0; c < NC; c++) {
-                        if constexpr (kSigned) {
-                            const __m256i ph = _mm256_maddubs_epi16(u, _mm256_set1_epi32((int)load_u32(high[c] + 4 * g)));
-                            hi[c] = g == 0 ? ph : _mm256_add_epi16(hi[c], ph);
-                        }
-                        const uint8_t* yg = kSigned ? low[c] + 4 * g : (const uint8_t*)((const Y*)(A + c * as))[b].qs + 4 * g;
+                        const uint8_t* yg = (const uint8_t*)((const Y*)(A + c * as))[b].qs + 4 * g;
                         const __m256i p = _mm256_maddubs_epi16(u, _mm256_set1_epi32((int)load_u32(yg)));
-                        constexpr int kLoRun = kSigned ? 4 : kRun;  // groups per int16 run of lo
-                        lo[c] = g % kLoRun == 0 ? p : _mm256_add_epi16(lo[c], p);
-                        if (g % kLoRun == kLoRun - 1 || g == 7) {
-                            const __m256i part = _mm256_madd_epi16(lo[c], ones);
-                            sum[c] = g < kLoRun ? part : _mm256_add_epi32(sum[c], part);
+                        run[c] = g % kRun == 0 ? p : _mm256_add_epi16(run[c], p);
+                        if (g % kRun == kRun - 1 || g == 7) {
+                            const __m256i part = _mm256_madd_epi16(run[c], ones);
+                            sum[c] = g < kRun ? part : _mm256_add_epi32(sum[c], part);
                         }
                     }
                 }
@@ -4195,7 +4170,6 @@ struct RowsB32 {
 #pragma GCC unroll 8
                 for (int c = 0; c < NC; c++) {
                     __m256i dot = sum[c];
-                    if constexpr (kSigned) dot = _mm256_add_epi32(dot, _mm256_madd_epi16(hi[c], sixteen));
                     if constexpr (Offset != 0) dot = _mm256_sub_epi32(dot, _mm256_set1_epi32(Offset * ysum[c * nb + b]));
                     acc.sum[h][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(dx, _mm256_set1_ps(S[c * ss + b])), acc.sum[h][c]);
                     if constexpr (kHasMin<G>)
@@ -4211,7 +4185,7 @@ struct RowsB32 {
                                     const int32_t* ysum, float* out, int64_t ld, int h0) {
         using Y = std::conditional_t<kHasMin<G>, block_q8_1, block_q8_0>;
         const int64_t nb = k / 32;
-        if constexpr (NH == 2 && !Ops::kVnni) return run_few<NC>(k, W, A, as, S, ss, ysum, out, ld);
+        if constexpr (NH == 2 && !Ops::kVnni && kHasHigh<G>) return run_few<NC>(k, W, A, as, S, ss, ysum, out, ld);
         const G* x = (const G*)W;
         alignas(16) uint8_t values[16];  // IQ4_NL's table, + Offset where the values stay unsigned
         for (int i = 0; i < 16; i++) values[i] = (uint8_t)(kIQ4NLValues[i] + (kSigned ? 0 : Offset));
