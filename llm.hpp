@@ -4180,6 +4180,34 @@ struct RowsB32 {
         }
         acc.template store<false>(out, ld, 0);
     }
+    // Half h of block b of the signed types (|w| times y with w's sign) for NC columns into sum, four
+    // groups at a time: their values and magnitudes (8 registers) stay in registers and the first
+    // four's dot products wait in memory. All eight groups at once (16 registers) made GCC recompute
+    // |w| for every column: one thread in cache, Q8_0 8 columns 134 -> 142 GOP/s, 2 columns 117 ->
+    // 128, IQ4_NL +4-7 % (docs/performance.md, session 21).
+    template <int NC>
+    static LLM_AVX2_INLINE void signed_half(const G& B, int64_t b, const uint8_t* A, size_t as, const float* S, int64_t ss,
+                                            __m256i table, int h, __m256* sum) {
+        alignas(32) int32_t first[NC][8];
+        const __m256 dx = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(B.d + 8 * h)));
+#pragma GCC unroll 2
+        for (int part = 0; part < 2; part++) {
+            __m256i w[4], w_abs[4];
+#pragma GCC unroll 4
+            for (int i = 0; i < 4; i++) w[i] = group_half(B, 4 * part + i, h, table), w_abs[i] = _mm256_abs_epi8(w[i]);
+#pragma GCC unroll 8
+            for (int c = 0; c < NC; c++) {
+                const block_q8_0& y = ((const block_q8_0*)(A + c * as))[b];
+                const __m256i dot = dot_signed<4>(w, w_abs, y.qs + 16 * part);
+                if (part == 0) {
+                    _mm256_store_si256((__m256i*)first[c], dot);
+                } else {
+                    const __m256i total = _mm256_add_epi32(_mm256_load_si256((const __m256i*)first[c]), dot);
+                    sum[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total), _mm256_mul_ps(dx, _mm256_set1_ps(S[c * ss + b])), sum[c]);
+                }
+            }
+        }
+    }
     template <int NC, int NH>
     static LLM_AVX2_INLINE void run(int64_t k, const uint8_t* W, const uint8_t* A, size_t as, const float* S, int64_t ss,
                                     const int32_t* ysum, float* out, int64_t ld, int h0) {
@@ -4198,11 +4226,14 @@ struct RowsB32 {
 #pragma GCC unroll 2
             for (int hh = 0; hh < NH; hh++) {
                 const int h = h0 + hh;
-                __m256i u[8], u_abs[8];
+                if constexpr (kSigned) {
+                    signed_half<NC>(B, b, A, as, S, ss, table, h, acc.sum[hh]);
+                    continue;
+                }
+                __m256i u[8];
                 if constexpr (kHasBytes<G>) {
 #pragma GCC unroll 8
-                    for (int i = 0; i < 8; i++)
-                        u[i] = kSigned ? _mm256_xor_si256(load256(B.qs[i] + 32 * h), _mm256_set1_epi8((char)0x80)) : load256(B.qs[i] + 32 * h);
+                    for (int i = 0; i < 8; i++) u[i] = load256(B.qs[i] + 32 * h);
                 } else {
 #pragma GCC unroll 4  // rolled, GCC sent the eight groups through the stack (Zen 2: 5-12 % of the tile)
                     for (int c = 0; c < 4; c++) {
@@ -4219,21 +4250,14 @@ struct RowsB32 {
                 if constexpr (Table)
 #pragma GCC unroll 8
                     for (int i = 0; i < 8; i++) u[i] = _mm256_shuffle_epi8(table, u[i]);
-                if constexpr (kSigned)
-#pragma GCC unroll 8
-                    for (int i = 0; i < 8; i++) u_abs[i] = _mm256_abs_epi8(u[i]);
                 const __m256 dx = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(B.d + 8 * h)));
 #pragma GCC unroll 8
                 for (int c = 0; c < NC; c++) {
                     const Y& y = ((const Y*)(A + c * as))[b];
                     __m256i dot;
-                    if constexpr (kSigned) {
-                        dot = dot_signed<8>(u, u_abs, y.qs);
-                    } else {
-                        if constexpr (Ops::kVnni) dot = dot_bytes<Ops, 8>(u, y.qs);
-                        else dot = dot_runs<8, safe_run(kHasHigh<G> ? 31 : 15)>(u, y.qs, _mm256_set1_epi16(1));
-                        if constexpr (Offset != 0) dot = _mm256_sub_epi32(dot, _mm256_set1_epi32(Offset * ysum[c * nb + b]));
-                    }
+                    if constexpr (Ops::kVnni) dot = dot_bytes<Ops, 8>(u, y.qs);
+                    else dot = dot_runs<8, safe_run(kHasHigh<G> ? 31 : 15)>(u, y.qs, _mm256_set1_epi16(1));
+                    if constexpr (Offset != 0) dot = _mm256_sub_epi32(dot, _mm256_set1_epi32(Offset * ysum[c * nb + b]));
                     acc.sum[hh][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(dx, _mm256_set1_ps(S[c * ss + b])), acc.sum[hh][c]);
                     if constexpr (kHasMin<G>)
                         acc.min[hh][c] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(B.m + 8 * h))),
