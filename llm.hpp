@@ -3718,12 +3718,19 @@ LLM_AVX512_INLINE __m512i two_bits(const uint8_t (*q)[64], int g) {
 LLM_AVX2_INLINE __m256i two_bits_half(const uint8_t (*q)[64], int g, int h) { return shr_mask(load256(q[g % 16] + 32 * h), 2 * (g / 16), 3); }
 // The bytes of half h of a 64-bit per-row mask (bit 4 * row + j; rows 8h..8h+7), 0xFF where set.
 LLM_AVX2_INLINE __m256i mask_half(const uint64_t& m, int h) { return bits32((const uint8_t*)&m + 4 * h); }
-// Group g's fifth bits from 32 bit-plane bytes of Q5_0 / Q5_1 (bit g), as 0x10 where set. One 16-bit
-// shift of at most four moves bit g to bit 4; what crosses into the next byte lands at bits 0..3 or 5..7.
-LLM_AVX2_INLINE __m256i fifth_bits_half(__m256i planes, int g) {
-    const __m256i at4 = g == 4 ? planes : g < 4 ? _mm256_slli_epi16(planes, 4 - g) : _mm256_srli_epi16(planes, g - 4);
-    return _mm256_and_si256(at4, _mm256_set1_epi8(0x10));
+// Each byte's bit `bit` (0..7) moved to bit 4 by one 16-bit shift (none for bit 4). What crosses into
+// the neighbouring byte lands at its bits 0..3 (a left shift) or from bit 8 - s on (a right shift by
+// s <= 3), so a mask of bit 4 takes exactly bit `bit` (Q5's fifth bits), and with `bit` even (s <= 2)
+// a mask of bits 4..5 exactly the two-bit field there (Q6_K's high bits, at the place they take in
+// the value: one shift per group where extracting the field and shifting it up took two).
+LLM_AVX512_INLINE __m512i shift_to_bit4(__m512i v, int bit) {
+    return bit == 4 ? v : bit < 4 ? _mm512_slli_epi16(v, 4 - bit) : _mm512_srli_epi16(v, bit - 4);
 }
+LLM_AVX2_INLINE __m256i shift_to_bit4(__m256i v, int bit) {
+    return bit == 4 ? v : bit < 4 ? _mm256_slli_epi16(v, 4 - bit) : _mm256_srli_epi16(v, bit - 4);
+}
+// Group g's fifth bits from 32 bit-plane bytes of Q5_0 / Q5_1 (bit g), as 0x10 where set.
+LLM_AVX2_INLINE __m256i fifth_bits_half(__m256i planes, int g) { return _mm256_and_si256(shift_to_bit4(planes, g), _mm256_set1_epi8(0x10)); }
 struct I16Q6K {
     using G = block_q6_K_x16;
     static constexpr int kOffsetShift = 5;
@@ -3732,7 +3739,7 @@ struct I16Q6K {
     }
     static LLM_AVX512_INLINE __m512i group(const G& B, int g) {
         const __m512i lo = _mm512_and_si512(_mm512_srli_epi16(_mm512_loadu_si512(B.ql[g % 32]), 4 * (g / 32)), _mm512_set1_epi8(0x0F));
-        return _mm512_or_si512(lo, _mm512_slli_epi16(two_bits(B.qh, g), 4));
+        return _mm512_or_si512(lo, _mm512_and_si512(shift_to_bit4(_mm512_loadu_si512(B.qh[g % 16]), 2 * (g / 16)), _mm512_set1_epi8(0x30)));
     }
     // The same for rows 8h..8h+7 (the AVX2 kernels, see tile16_avx2).
     static constexpr int kMaxValue = 63;
@@ -3741,7 +3748,7 @@ struct I16Q6K {
     }
     static LLM_AVX2_INLINE __m256i group_half(const G& B, int g, int h) {
         const __m256i lo = shr_mask(load256(B.ql[g % 32] + 32 * h), 4 * (g / 32), 0x0F);
-        return _mm256_or_si256(lo, _mm256_slli_epi16(two_bits_half(B.qh, g, h), 4));
+        return _mm256_or_si256(lo, _mm256_and_si256(shift_to_bit4(load256(B.qh[g % 16] + 32 * h), 2 * (g / 16)), _mm256_set1_epi8(0x30)));
     }
 };
 struct I16Q3K {
