@@ -3612,17 +3612,26 @@ void deinterleave_group(const uint8_t* group, int64_t nb, uint8_t* rows, size_t 
 }
 
 #ifdef LLM_X86
+// Each byte's bit `bit` (0..7) moved to bit 4 by one 16-bit shift (none for bit 4). What crosses into
+// the neighbouring byte lands at its bits 0..3 (a left shift) or from bit 8 - s on (a right shift by
+// s <= 3), so a mask of bit 4 takes exactly bit `bit` (Q5's fifth bits), and with `bit` even (s <= 2)
+// a mask of bits 4..5 exactly the two-bit field there (Q6_K's high value bits and the top bits of
+// 6-bit scales, at the place they take in the value: one shift where extracting the field and shifting
+// it up took two).
+LLM_AVX2_INLINE __m256i shift_to_bit4(__m256i v, int bit) {
+    return bit == 4 ? v : bit < 4 ? _mm256_slli_epi16(v, 4 - bit) : _mm256_srli_epi16(v, bit - 4);
+}
 // All N 6-bit values of a put6 layout, as bytes in element order (32-byte steps, so both the AVX2 and
 // the AVX-512 kernels use it).
 template <int N>
 LLM_AVX2_INLINE void unpack6(const uint8_t* lo, const uint8_t* hi, int base, uint8_t* out) {
-    const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(3);
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
 #pragma GCC unroll 8
     for (int q = 0; q < N / 32; q++) {  // elements 32q..32q+31
         const __m256i l = load256(lo + 32 * (q % (N / 64)));
         const __m256i low = _mm256_and_si256(q < N / 64 ? l : _mm256_srli_epi16(l, 4), m4);
         const __m256i h = load256(hi + 32 * (q % 2));
-        const __m256i top = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, base + 2 * (q / 2)), m2), 4);
+        const __m256i top = _mm256_and_si256(shift_to_bit4(h, base + 2 * (q / 2)), _mm256_set1_epi8(0x30));
         _mm256_store_si256((__m256i*)(out + 32 * q), _mm256_or_si256(low, top));
     }
 }
@@ -3718,16 +3727,9 @@ LLM_AVX512_INLINE __m512i two_bits(const uint8_t (*q)[64], int g) {
 LLM_AVX2_INLINE __m256i two_bits_half(const uint8_t (*q)[64], int g, int h) { return shr_mask(load256(q[g % 16] + 32 * h), 2 * (g / 16), 3); }
 // The bytes of half h of a 64-bit per-row mask (bit 4 * row + j; rows 8h..8h+7), 0xFF where set.
 LLM_AVX2_INLINE __m256i mask_half(const uint64_t& m, int h) { return bits32((const uint8_t*)&m + 4 * h); }
-// Each byte's bit `bit` (0..7) moved to bit 4 by one 16-bit shift (none for bit 4). What crosses into
-// the neighbouring byte lands at its bits 0..3 (a left shift) or from bit 8 - s on (a right shift by
-// s <= 3), so a mask of bit 4 takes exactly bit `bit` (Q5's fifth bits), and with `bit` even (s <= 2)
-// a mask of bits 4..5 exactly the two-bit field there (Q6_K's high bits, at the place they take in
-// the value: one shift per group where extracting the field and shifting it up took two).
+// shift_to_bit4 on 512-bit registers (see there).
 LLM_AVX512_INLINE __m512i shift_to_bit4(__m512i v, int bit) {
     return bit == 4 ? v : bit < 4 ? _mm512_slli_epi16(v, 4 - bit) : _mm512_srli_epi16(v, bit - 4);
-}
-LLM_AVX2_INLINE __m256i shift_to_bit4(__m256i v, int bit) {
-    return bit == 4 ? v : bit < 4 ? _mm256_slli_epi16(v, 4 - bit) : _mm256_srli_epi16(v, bit - 4);
 }
 // Group g's fifth bits from 32 bit-plane bytes of Q5_0 / Q5_1 (bit g), as 0x10 where set.
 LLM_AVX2_INLINE __m256i fifth_bits_half(__m256i planes, int g) { return _mm256_and_si256(shift_to_bit4(planes, g), _mm256_set1_epi8(0x10)); }
