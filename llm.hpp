@@ -3621,6 +3621,8 @@ void deinterleave_group(const uint8_t* group, int64_t nb, uint8_t* rows, size_t 
 LLM_AVX2_INLINE __m256i shift_to_bit4(__m256i v, int bit) {
     return bit == 4 ? v : bit < 4 ? _mm256_slli_epi16(v, 4 - bit) : _mm256_srli_epi16(v, bit - 4);
 }
+// Each byte's two-bit field at (even) `bit`, at bits 4..5.
+LLM_AVX2_INLINE __m256i two_bits_at4(__m256i v, int bit) { return _mm256_and_si256(shift_to_bit4(v, bit), _mm256_set1_epi8(0x30)); }
 // All N 6-bit values of a put6 layout, as bytes in element order (32-byte steps, so both the AVX2 and
 // the AVX-512 kernels use it).
 template <int N>
@@ -3631,8 +3633,7 @@ LLM_AVX2_INLINE void unpack6(const uint8_t* lo, const uint8_t* hi, int base, uin
         const __m256i l = load256(lo + 32 * (q % (N / 64)));
         const __m256i low = _mm256_and_si256(q < N / 64 ? l : _mm256_srli_epi16(l, 4), m4);
         const __m256i h = load256(hi + 32 * (q % 2));
-        const __m256i top = _mm256_and_si256(shift_to_bit4(h, base + 2 * (q / 2)), _mm256_set1_epi8(0x30));
-        _mm256_store_si256((__m256i*)(out + 32 * q), _mm256_or_si256(low, top));
+        _mm256_store_si256((__m256i*)(out + 32 * q), _mm256_or_si256(low, two_bits_at4(h, base + 2 * (q / 2))));
     }
 }
 // 16 interleaved Q4_K (Q5_K) rows times NC q8_K columns: out[c * ld + r]. Per sub-block and column, eight
@@ -3727,9 +3728,10 @@ LLM_AVX512_INLINE __m512i two_bits(const uint8_t (*q)[64], int g) {
 LLM_AVX2_INLINE __m256i two_bits_half(const uint8_t (*q)[64], int g, int h) { return shr_mask(load256(q[g % 16] + 32 * h), 2 * (g / 16), 3); }
 // The bytes of half h of a 64-bit per-row mask (bit 4 * row + j; rows 8h..8h+7), 0xFF where set.
 LLM_AVX2_INLINE __m256i mask_half(const uint64_t& m, int h) { return bits32((const uint8_t*)&m + 4 * h); }
-// shift_to_bit4 on 512-bit registers (see there).
-LLM_AVX512_INLINE __m512i shift_to_bit4(__m512i v, int bit) {
-    return bit == 4 ? v : bit < 4 ? _mm512_slli_epi16(v, 4 - bit) : _mm512_srli_epi16(v, bit - 4);
+// two_bits_at4 on 512-bit registers (see shift_to_bit4).
+LLM_AVX512_INLINE __m512i two_bits_at4(__m512i v, int bit) {
+    const __m512i at4 = bit == 4 ? v : bit < 4 ? _mm512_slli_epi16(v, 4 - bit) : _mm512_srli_epi16(v, bit - 4);
+    return _mm512_and_si512(at4, _mm512_set1_epi8(0x30));
 }
 // Group g's fifth bits from 32 bit-plane bytes of Q5_0 / Q5_1 (bit g), as 0x10 where set.
 LLM_AVX2_INLINE __m256i fifth_bits_half(__m256i planes, int g) { return _mm256_and_si256(shift_to_bit4(planes, g), _mm256_set1_epi8(0x10)); }
@@ -3741,7 +3743,7 @@ struct I16Q6K {
     }
     static LLM_AVX512_INLINE __m512i group(const G& B, int g) {
         const __m512i lo = _mm512_and_si512(_mm512_srli_epi16(_mm512_loadu_si512(B.ql[g % 32]), 4 * (g / 32)), _mm512_set1_epi8(0x0F));
-        return _mm512_or_si512(lo, _mm512_and_si512(shift_to_bit4(_mm512_loadu_si512(B.qh[g % 16]), 2 * (g / 16)), _mm512_set1_epi8(0x30)));
+        return _mm512_or_si512(lo, two_bits_at4(_mm512_loadu_si512(B.qh[g % 16]), 2 * (g / 16)));
     }
     // The same for rows 8h..8h+7 (the AVX2 kernels, see tile16_avx2).
     static constexpr int kMaxValue = 63;
@@ -3750,7 +3752,7 @@ struct I16Q6K {
     }
     static LLM_AVX2_INLINE __m256i group_half(const G& B, int g, int h) {
         const __m256i lo = shr_mask(load256(B.ql[g % 32] + 32 * h), 4 * (g / 32), 0x0F);
-        return _mm256_or_si256(lo, _mm256_and_si256(shift_to_bit4(load256(B.qh[g % 16] + 32 * h), 2 * (g / 16)), _mm256_set1_epi8(0x30)));
+        return _mm256_or_si256(lo, two_bits_at4(load256(B.qh[g % 16] + 32 * h), 2 * (g / 16)));
     }
 };
 struct I16Q3K {
