@@ -14292,7 +14292,7 @@ static void check_and_log_device_memory(const Model& model, const ContextParams&
 // buffer that cannot be given back in part, so the caller skips this (two copies would be worse).
 // Returns the mapped addresses it replaced (tensors' first bytes), which --mlock must not pin.
 static std::vector<const uint8_t*> interleave_weights(Model& m) {
-    std::vector<TensorInfo*> todo;  // experts' views, in place; dense weights, as copies
+    std::vector<TensorInfo*> todo;  // experts' and MLA heads' views, in place; dense weights, as copies
     auto dense = [&](const TensorInfo** w) {
         if (!*w || !interleave_supported((*w)->type, (*w)->ne[0], (*w)->n_rows())) return;
         m.interleaved.push_back(std::make_unique<TensorInfo>(**w));
@@ -14309,8 +14309,8 @@ static std::vector<const uint8_t*> interleave_weights(Model& m) {
         for (const TensorInfo** w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.wq_a, &L.wq_b, &L.wkv_a, &L.ffn_gate, &L.ffn_up,
                                      &L.ffn_down, &L.gate_shexp, &L.up_shexp, &L.down_shexp})
             dense(w);
-        for (auto* experts : {&L.gate_exp, &L.up_exp, &L.down_exp})
-            for (TensorInfo& e : *experts)
+        for (auto* views : {&L.gate_exp, &L.up_exp, &L.down_exp, &L.k_b, &L.v_b})
+            for (TensorInfo& e : *views)
                 if (interleave_supported(e.type, e.ne[0], e.ne[1])) todo.push_back(&e);
     }
     std::vector<const uint8_t*> replaced;

@@ -36,7 +36,8 @@ std::unique_ptr<llm::Model> load_offloaded(const golden::GoldenCase& c, int n_gp
 // The CPU path's tolerances (test_golden.cpp): tight for F16 weights with an f16 cache, the
 // reference's own rounding else; looser for quantized MoE models, whose near-tied experts route
 // differently at a few positions once sums run in another order (measured: deepseek2-v3-Q4_K_M mean
-// KL 2.1e-2, one position at 0.6, where the CPU path has 1.1e-2 with another position at 0.4).
+// KL 2.1e-2, one position at 0.6, where the CPU path has 2.2e-2 with another position at 0.64); the
+// other positions as closely as the CPU path's (without the three worst: up to 1e-2).
 void check_agreement(const golden::GoldenCase& c, const golden::Agreement& a) {
     const bool f16_weights = c.model.find("-F16") != std::string::npos;
     if (f16_weights && c.kv == "f16") {
@@ -44,6 +45,7 @@ void check_agreement(const golden::GoldenCase& c, const golden::Agreement& a) {
         CHECK(a.top1 >= 0.98);
     } else if (!f16_weights && (c.model.find("moe") != std::string::npos || c.model.find("deepseek") != std::string::npos)) {
         CHECK(a.mean_kl <= 3e-2);
+        CHECK(a.typical_kl <= 1e-2);
         CHECK(a.top1 >= 0.90);
     } else {
         CHECK(a.mean_kl <= 5e-3);

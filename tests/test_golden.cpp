@@ -33,8 +33,9 @@ TEST_CASE("golden logits: every model and KV type, batch, chunks and token by to
         // are summed in another order than the reference's (our interleaved kernels sum each row's
         // blocks in sequence, the reference in 8 lanes or its own repacked layout), the last-bit
         // differences flip 8-bit activation roundings, and near-tied experts then route differently
-        // at a few positions (measured: mean KL up to 1.1e-2, one position of deepseek2-lite-Q8_0 at
-        // KL 0.034).
+        // at a few positions (measured: mean KL up to 2.2e-2, deepseek2-v3-Q4_K_M with one position
+        // at 0.64, as on the GPU path). The other positions must still agree as the dense models do:
+        // without the three worst, mean KL up to 6.4e-3 (deepseek2-lite-legacy-Q4_K_M).
         const bool exact = (c.model.find("-F16") != std::string::npos) && c.kv == "f16";
         const bool moe_quantized = m->hp.n_expert > 0 && c.model.find("-F16") == std::string::npos;
         const llm::Type kv = llm::type_from_name(c.kv);
@@ -43,12 +44,15 @@ TEST_CASE("golden logits: every model and KV type, batch, chunks and token by to
             CAPTURE(chunk);
             std::vector<float> ours = chunk == 64 ? batch : run_model(*m, toks, kv, chunk);
             Agreement a = compare(ref, ours, m->hp.n_vocab);
-            if (chunk == 64) MESSAGE(c.name << " chunk " << chunk << ": mean KL " << a.mean_kl << ", max KL " << a.max_kl << ", top-1 " << a.top1);
+            if (chunk == 64)
+                MESSAGE(c.name << " chunk " << chunk << ": mean KL " << a.mean_kl << " (" << a.typical_kl << " without the three worst), max KL "
+                               << a.max_kl << ", top-1 " << a.top1);
             if (exact) {
                 CHECK(a.mean_kl <= 5e-5);
                 CHECK(a.top1 >= 0.98);
             } else if (moe_quantized) {
-                CHECK(a.mean_kl <= 2e-2);
+                CHECK(a.mean_kl <= 3e-2);
+                CHECK(a.typical_kl <= 1e-2);
                 CHECK(a.top1 >= 0.90);
             } else {
                 CHECK(a.mean_kl <= 5e-3);
@@ -77,7 +81,7 @@ TEST_CASE("golden: interleaved weights (load-time repacking) agree with the row 
                 for (const llm::TensorInfo* t : {L.wq, L.wk, L.wv, L.wo, L.wq_a, L.wq_b, L.wkv_a, L.ffn_gate, L.ffn_up, L.ffn_down,
                                                  L.gate_shexp, L.up_shexp, L.down_shexp})
                     n += t && t->interleaved;
-                for (const auto* v : {&L.gate_exp, &L.up_exp, &L.down_exp})
+                for (const auto* v : {&L.gate_exp, &L.up_exp, &L.down_exp, &L.k_b, &L.v_b})
                     for (const llm::TensorInfo& e : *v) n += e.interleaved;
             }
             return n;
@@ -90,6 +94,9 @@ TEST_CASE("golden: interleaved weights (load-time repacking) agree with the row 
         }
         CHECK(probe->interleaved);
         CHECK(count(*packed) > 0);
+        // MLA's per-head products (views of one tensor, like the experts) too, where the shape allows
+        for (const auto* heads : {&packed->layers[0].k_b, &packed->layers[0].v_b})
+            for (const llm::TensorInfo& h : *heads) CHECK(h.interleaved == llm::interleave_supported(h.type, h.ne[0], h.ne[1]));
         // a tied embedding is repacked once, with the output, and looked up from there
         if (plain->output == plain->tok_embd) {
             CHECK(packed->output == packed->tok_embd);
