@@ -3812,7 +3812,7 @@ using I16Of = std::conditional_t<std::is_same_v<G, block_q6_K_x16>, I16Q6K, std:
 LLM_AVX512_INLINE __m512i k16_scale(const __m512i sc16[8], int sb) {
     return sb % 2 ? _mm512_srai_epi32(sc16[sb / 2], 16) : _mm512_srai_epi32(_mm512_slli_epi32(sc16[sb / 2], 16), 16);
 }
-// A block's float step for one column y (VNNI and AMX kernels alike): the offset (or Q2_K's min)
+// A block's float step for one column y: the offset (or Q2_K's min)
 // term from the 16-value bsums, then d_x * d_y (dmin_x * d_y) and one fma per sum.
 template <class T>
 LLM_AVX512VNNI_INLINE void accumulate_k16(const typename T::G& B, const block_q8_K& y, const __m512i sc16[8], const __m512i mn16[8],
@@ -4604,7 +4604,7 @@ inline const InterleavedType* interleaved_type(Type t) {
 // The interleaved groups' 64-byte lines (four values of each of 16 rows, row r at bytes 4r..4r+3)
 // are already the B operand of AMX's byte tile products, so AMX reuses the repacked weights as they
 // are (lossless, same size, no second layout). One tile product C[col][row] = A[col] . B[row] covers
-// one 32-value block (K-quants: one 32- or 16-value sub-block) of 16 activation columns and 16 rows:
+// one 32-value block (Q4_K / Q5_K: one 32-value sub-block) of 16 activation columns and 16 rows:
 // the activations' signed quants are A, loaded in place (one line per column, the activation row
 // as stride), the unsigned weight bytes u = value + offset are B (TDPBSUD), unpacked to a 512-byte
 // buffer first except for Q8_0. The int32 products are exact, so each block's sum equals the VNNI
@@ -4767,45 +4767,6 @@ LLM_AMX_FN void amx16_q45_K(int64_t k, const uint8_t* W, const uint8_t* A, size_
     for (int c = 0; c < NC; c++) _mm512_storeu_ps(out + c * ld, _mm512_sub_ps(acc[c], accm[c]));
 }
 
-// Q6_K / Q3_K / Q2_K (see tile16_k16): a block's sixteen 16-value sub-blocks, then per column.
-template <class T, int NT>
-LLM_AMX_FN void amx16_k16(int64_t k, const uint8_t* W, const uint8_t* A, size_t as, const float*, int64_t, const int32_t*,
-                          float* out, int64_t ld) {
-    using G = typename T::G;
-    constexpr int NC = 16 * NT;
-    const int64_t nb = k / QK_K;
-    const G* x = (const G*)W;
-    __m512 acc[NC], accm[NC];
-    for (int c = 0; c < NC; c++) acc[c] = accm[c] = _mm512_setzero_ps();
-    alignas(64) int32_t dots[16][NC][16];
-    alignas(64) uint8_t unpacked[16][4][64];
-    for (int64_t b = 0; b < nb; b++) {
-        const G& B = x[b];
-        __m512i sc16[8], mn16[8];
-        T::scales(B, sc16);
-        if constexpr (std::is_same_v<T, I16Q2K>) T::mins(B, mn16);
-        for (int sb = 0; sb < 16; sb++) {
-            prefetch_sub_block16(B, sb);
-            for (int j = 0; j < 4; j++) _mm512_store_si512(unpacked[sb][j], T::group(B, 4 * sb + j));
-        }
-        for (int sb = 0; sb < 16; sb++)
-            amx_product<NT, false>(unpacked[sb][0], A + b * sizeof(block_q8_K) + offsetof(block_q8_K, qs) + 16 * sb, as, dots[sb]);
-        const __m512 dx = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)B.d));
-        __m512i scale[16];
-        for (int sb = 0; sb < 16; sb++) scale[sb] = k16_scale(sc16, sb);
-        for (int c = 0; c < NC; c += 4) {  // four columns at a time (independent chains)
-            __m512i isum[4] = {};
-            for (int sb = 0; sb < 16; sb++)
-#pragma GCC unroll 4
-                for (int cc = 0; cc < 4; cc++)
-                    isum[cc] = _mm512_add_epi32(isum[cc], _mm512_mullo_epi32(_mm512_load_si512(dots[sb][c + cc]), scale[sb]));
-#pragma GCC unroll 4
-            for (int cc = 0; cc < 4; cc++)
-                accumulate_k16<T>(B, ((const block_q8_K*)(A + (c + cc) * as))[b], sc16, mn16, isum[cc], dx, acc[c + cc], accm[c + cc]);
-        }
-    }
-    for (int c = 0; c < NC; c++) _mm512_storeu_ps(out + c * ld, _mm512_sub_ps(acc[c], accm[c]));
-}
 LLM_AVX512_WARNINGS_ON
 
 #define LLM_AMXBF16_FN \
@@ -4869,7 +4830,10 @@ LLM_AMXBF16_FN void amx16_bf16(int64_t k, const uint8_t* W, const uint8_t* A, si
 // Fewer columns go to the vector tiles (measured: see docs/performance.md).
 constexpr int64_t kAmxMinColumns = 16;
 // The AMX tiles of a weight type for 16 and 32 columns (nullptr: none), or nullptr. The K-quants'
-// products of 32 columns (16 or 32 KiB) crowd L1 out: measured slower than twice 16 columns.
+// products of 32 columns (16 or 32 KiB) crowd L1 out: measured slower than twice 16 columns. The
+// 16-value K-quants (Q6_K, Q3_K, Q2_K) have none: a tile product of K = 16 (a quarter of its depth)
+// per sub-block, each stored and scaled per column, ran 10-16 % slower end to end than the VNNI tiles
+// (Llama-3.2-1B shape pp512, docs/performance.md, session 23).
 inline const Tile16Fn* amx_tiles(Type t) {
 #if defined(LLM_X86) && defined(__linux__)
     static const Tile16Fn q4_0[2] = {amx16_b32<block_q4_0_x16, 8, false, 1>, amx16_b32<block_q4_0_x16, 8, false, 2>};
@@ -4880,9 +4844,6 @@ inline const Tile16Fn* amx_tiles(Type t) {
     static const Tile16Fn iq4_nl[2] = {amx16_b32<block_q4_0_x16, 128, true, 1>, amx16_b32<block_q4_0_x16, 128, true, 2>};
     static const Tile16Fn q4_K[2] = {amx16_q45_K<block_q4_K_x16, 1>, nullptr};
     static const Tile16Fn q5_K[2] = {amx16_q45_K<block_q5_K_x16, 1>, nullptr};
-    static const Tile16Fn q6_K[2] = {amx16_k16<I16Q6K, 1>, nullptr};
-    static const Tile16Fn q3_K[2] = {amx16_k16<I16Q3K, 1>, nullptr};
-    static const Tile16Fn q2_K[2] = {amx16_k16<I16Q2K, 1>, nullptr};
     static const Tile16Fn bf16[2] = {amx16_bf16<1>, amx16_bf16<2>};
     static const bool has_bf16 = amx_bf16();
     switch (t) {
@@ -4894,9 +4855,6 @@ inline const Tile16Fn* amx_tiles(Type t) {
     case Type::IQ4_NL: return iq4_nl;
     case Type::Q4_K: return q4_K;
     case Type::Q5_K: return q5_K;
-    case Type::Q6_K: return q6_K;
-    case Type::Q3_K: return q3_K;
-    case Type::Q2_K: return q2_K;
     case Type::BF16: return has_bf16 ? bf16 : nullptr;
     default: return nullptr;
     }
