@@ -418,8 +418,7 @@ TEST_CASE("quants: interleaved weights round-trip and multiply like their rows")
     IsaGuard guard;
     std::mt19937 rng(9);
     const int64_t k = 512, rows = 48, cols = 13, ld = rows + 3;
-    // the types with AMX tiles (the 16-value K-quants stay on the VNNI tiles, which are faster)
-    for (Type t : {Type::Q4_K, Type::Q5_K, Type::Q4_0, Type::Q4_1, Type::Q5_0, Type::Q5_1, Type::Q8_0, Type::IQ4_NL}) {
+    for (Type t : {Type::Q2_K, Type::Q3_K, Type::Q4_K, Type::Q5_K, Type::Q6_K, Type::Q4_0, Type::Q4_1, Type::Q5_0, Type::Q5_1, Type::Q8_0, Type::IQ4_NL}) {
         const std::string type_name = llm::type_info(t).name;
         CAPTURE(type_name);
         const Type at = llm::vec_dot_type(t);
