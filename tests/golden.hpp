@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include <doctest/doctest.h>
 #include "../llm.hpp"
 #include "util.hpp"
 
@@ -101,6 +102,32 @@ inline Agreement compare(const std::vector<float>& ref, const std::vector<float>
     return a;
 }
 
+
+// The tolerances against the reference, for the CPU and GPU paths alike. F16/F32 weights with an
+// f16 cache must match tightly; quantized weights or cache within the rounding the reference itself
+// does (see ../shared/golden/README.md). Mixture-of-experts models with quantized weights get a
+// looser mean and no max bound: quantized dot products are summed in another order than the
+// reference's (our interleaved kernels sum each row's blocks in sequence, the reference in 8 lanes or
+// its own repacked layout), the last-bit differences flip 8-bit activation roundings, and near-tied
+// experts then route differently at a few positions (measured: mean KL up to 2.2e-2 on the CPU,
+// deepseek2-v3-Q4_K_M with one position at 0.64; 2.1e-2 on the GPU path, another position at 0.6).
+// The other positions must still agree as the dense models do: without the three worst, mean KL up
+// to 6.4e-3 (deepseek2-lite-legacy-Q4_K_M).
+inline void check_agreement(const GoldenCase& c, const llm::Model& m, const Agreement& a) {
+    const bool f16_weights = c.model.find("-F16") != std::string::npos;
+    if (f16_weights && c.kv == "f16") {
+        CHECK(a.mean_kl <= 5e-5);
+        CHECK(a.top1 >= 0.98);
+    } else if (!f16_weights && m.hp.n_expert > 0) {
+        CHECK(a.mean_kl <= 3e-2);
+        CHECK(a.typical_kl <= 1e-2);
+        CHECK(a.top1 >= 0.90);
+    } else {
+        CHECK(a.mean_kl <= 5e-3);
+        CHECK(a.max_kl <= 3e-2);
+        CHECK(a.top1 >= 0.90);
+    }
+}
 
 // The reference's logits of a case (n_tokens x n_vocab).
 inline std::vector<float> reference_logits(const GoldenCase& c, size_t n_values) {
