@@ -3983,17 +3983,19 @@ LLM_AVX2_INLINE __m256i in_order(__m256i v) {
     __asm__("" : "+x"(v));
     return v;
 }
-// Per row (8 lanes): sum over i < N of u[i] . (the four activation bytes at y + 4i), times scale16
-// (each row's scale in both int16 halves of its lane), in int16 runs of Run groups.
-template <int N, int Run>
-LLM_AVX2_INLINE __m256i dot_runs(const __m256i* u, const int8_t* y, __m256i scale16) {
-    __m256i sum = _mm256_setzero_si256(), run = _mm256_setzero_si256();
+// Per row (8 lanes): sum plus, over i < N, u[i] . (the four activation bytes at y + 4i) times scale16
+// (each row's scale in both int16 halves of its lane), in int16 runs of Run groups, each run taken
+// into the sum by Ops::madd_add (AVX-VNNI: one vpdpwssd, where vpdpbusd's int32 dot would need a
+// vpmulld of two uops for its scale).
+template <class Ops, int N, int Run>
+LLM_AVX2_INLINE __m256i dot_runs(__m256i sum, const __m256i* u, const int8_t* y, __m256i scale16) {
+    __m256i run = _mm256_setzero_si256();
 #pragma GCC unroll 8
     for (int i = 0; i < N; i++) {
         run = _mm256_add_epi16(run, _mm256_maddubs_epi16(u[i], _mm256_set1_epi32((int)load_u32((const uint8_t*)y + 4 * i))));
         if constexpr (N == 8) run = in_order(run);  // a 32-value block's run (the K16 tiles' four groups fare better left alone)
         if ((i + 1) % Run == 0 || i == N - 1) {
-            sum = _mm256_add_epi32(sum, _mm256_madd_epi16(run, scale16));
+            sum = Ops::madd_add(sum, run, scale16);
             run = _mm256_setzero_si256();
         }
     }
@@ -4267,7 +4269,7 @@ struct RowsB32 {
                     const Y& y = ((const Y*)(A + c * as))[b];
                     __m256i dot;
                     if constexpr (Ops::kVnni) dot = dot_bytes<Ops, 8>(u, y.qs);
-                    else dot = dot_runs<8, safe_run(kHasHigh<G> ? 31 : 15)>(u, y.qs, _mm256_set1_epi16(1));
+                    else dot = dot_runs<Ops, 8, safe_run(kHasHigh<G> ? 31 : 15)>(_mm256_setzero_si256(), u, y.qs, _mm256_set1_epi16(1));
                     if constexpr (Offset != 0) dot = _mm256_sub_epi32(dot, _mm256_set1_epi32(Offset * ysum[c * nb + b]));
                     acc.sum[hh][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(dx, _mm256_set1_ps(S[c * ss + b])), acc.sum[hh][c]);
                     if constexpr (kHasMin<G>)
@@ -4345,7 +4347,7 @@ struct RowsQ45K {
                         if constexpr (Ops::kVnni)
                             isum[c] = _mm256_add_epi32(isum[c], _mm256_mullo_epi32(dot_bytes<Ops, 8>(u, y[c]->qs + 32 * sb), scale));
                         else
-                            isum[c] = _mm256_add_epi32(isum[c], dot_runs<8, safe_run(kHasHigh<G> ? 31 : 15)>(u, y[c]->qs + 32 * sb, scale));
+                            isum[c] = dot_runs<Ops, 8, safe_run(kHasHigh<G> ? 31 : 15)>(isum[c], u, y[c]->qs + 32 * sb, scale);
                     }
                 }
                 const __m256 dx = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(B.d + 8 * h)));
@@ -4372,7 +4374,9 @@ struct RowsQ45K {
 template <class G, class Ops>
 constexpr int kBothHalvesColumns<RowsQ45K<G, Ops>> = 4;
 
-// tile16_k16 on AVX2 (AVX-VNNI: each sub-block's exact int32 dot product times its scale).
+// tile16_k16 on AVX2 and AVX-VNNI alike: each 16-value sub-block in int16 runs times its scale
+// (dot_runs; on AVX-VNNI one vpdpwssd per run: Q2_K 8-column tiles +9 % over vpdpbusd's int32 dot and
+// a vpmulld by the scale, Q6_K / Q3_K level, docs/performance.md, session 24).
 template <class T, class Ops>
 struct RowsK16 {
     static constexpr int kGroupMajorColumns = 0;
@@ -4406,17 +4410,9 @@ struct RowsK16 {
                     __m256i u[4];
 #pragma GCC unroll 4
                     for (int j = 0; j < 4; j++) u[j] = T::group_half(B, 4 * sb + j, h);
+                    const __m256i scale16 = _mm256_shuffle_epi8(sc16[sb / 2], sb % 2 ? odd : even);
 #pragma GCC unroll 8
-                    for (int c = 0; c < NC; c++) {
-                        if constexpr (Ops::kVnni) {
-                            const __m256i scale32 = sb % 2 ? _mm256_srai_epi32(sc16[sb / 2], 16)
-                                                           : _mm256_srai_epi32(_mm256_slli_epi32(sc16[sb / 2], 16), 16);
-                            isum[c] = _mm256_add_epi32(isum[c], _mm256_mullo_epi32(dot_bytes<Ops, 4>(u, y[c]->qs + 16 * sb), scale32));
-                        } else {
-                            const __m256i scale16 = _mm256_shuffle_epi8(sc16[sb / 2], sb % 2 ? odd : even);
-                            isum[c] = _mm256_add_epi32(isum[c], dot_runs<4, safe_run(T::kMaxValue)>(u, y[c]->qs + 16 * sb, scale16));
-                        }
-                    }
+                    for (int c = 0; c < NC; c++) isum[c] = dot_runs<Ops, 4, safe_run(T::kMaxValue)>(isum[c], u, y[c]->qs + 16 * sb, scale16);
                 }
                 const __m256 dx = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(B.d + 8 * h)));
 #pragma GCC unroll 8
