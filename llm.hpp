@@ -3748,6 +3748,7 @@ struct I16Q6K {
     // The same for rows 8h..8h+7 (the AVX2 kernels, see tile16_avx2).
     static constexpr int kMaxValue = 63;
     static LLM_AVX2_INLINE void scales_half(const G& B, int h, __m256i sc16[8]) {
+#pragma GCC unroll 8
         for (int p = 0; p < 8; p++) sc16[p] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)B.scales[p][8 * h]));
     }
     static LLM_AVX2_INLINE __m256i group_half(const G& B, int g, int h) {
@@ -3795,9 +3796,11 @@ struct I16Q2K {  // unsigned 0..3 with a scale and a min per sub-block (no offse
         return _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i*)(B.scales + 32 * p + 16 * h)));
     }
     static LLM_AVX2_INLINE void scales_half(const G& B, int h, __m256i sc16[8]) {
+#pragma GCC unroll 8
         for (int p = 0; p < 8; p++) sc16[p] = _mm256_and_si256(scale_bytes(B, h, p), _mm256_set1_epi16(15));
     }
     static LLM_AVX2_INLINE void mins_half(const G& B, int h, __m256i mn16[8]) {
+#pragma GCC unroll 8
         for (int p = 0; p < 8; p++) mn16[p] = _mm256_srli_epi16(scale_bytes(B, h, p), 4);
     }
     static LLM_AVX2_INLINE __m256i group_half(const G& B, int g, int h) { return two_bits_half(B.ql, g, h); }
@@ -4322,6 +4325,7 @@ struct RowsQ45K {
             for (int hh = 0; hh < NH; hh++) {
                 const int h = h0 + hh;
                 __m256i isum[NC];
+#pragma GCC unroll 8
                 for (int c = 0; c < NC; c++) isum[c] = _mm256_setzero_si256();
                 for (int sb = 0; sb < 8; sb++) {
                     // Both halves in one call (few columns): each pass prefetches half of what is ahead,
@@ -4403,6 +4407,7 @@ struct RowsK16 {
                 T::scales_half(B, h, sc16);
                 if constexpr (kMins) T::mins_half(B, h, mn16);
                 __m256i isum[NC];
+#pragma GCC unroll 8
                 for (int c = 0; c < NC; c++) isum[c] = _mm256_setzero_si256();
 #pragma GCC unroll 16  // constant shift counts in group / group_half (variable ones cost a vpsrlw by xmm each)
                 for (int sb = 0; sb < 16; sb++) {
@@ -4418,6 +4423,7 @@ struct RowsK16 {
 #pragma GCC unroll 8
                 for (int c = 0; c < NC; c++) {
                     __m256i off = _mm256_setzero_si256();  // bsums of sub-blocks 2p and 2p + 1 times the pairs
+#pragma GCC unroll 8
                     for (int p = 0; p < 8; p++)
                         off = Ops::madd_add(off, kMins ? mn16[p] : sc16[p], _mm256_set1_epi32((int)load_u32((const uint8_t*)(y[c]->bsums + 2 * p))));
                     const __m256 yd = _mm256_set1_ps(y[c]->d);
