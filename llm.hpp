@@ -3822,6 +3822,7 @@ LLM_AVX512VNNI_INLINE void accumulate_k16(const typename T::G& B, const block_q8
                                       __m512i isum, __m512 dx, __m512& acc, __m512& accm) {
     constexpr bool kMins = std::is_same_v<T, I16Q2K>;
     __m512i off = _mm512_setzero_si512();
+#pragma GCC unroll 8
     for (int p = 0; p < 8; p++) {
         int32_t pair;  // bsums of sub-blocks 2p and 2p + 1
         memcpy(&pair, y.bsums + 2 * p, 4);
@@ -4321,6 +4322,9 @@ struct RowsQ45K {
                 const __m256i bs = load256(y[c]->bsums);
                 _mm_store_si128((__m128i*)pair[c], _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1)));
             }
+            // read back from memory: broadcasts of stored words are loads, where GCC would otherwise keep
+            // each column's words in a register and spread them with two shuffles each
+            __asm__("" : : "r"(pair) : "memory");
 #pragma GCC unroll 2
             for (int hh = 0; hh < NH; hh++) {
                 const int h = h0 + hh;
