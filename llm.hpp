@@ -4410,6 +4410,9 @@ struct RowsK16 {
                 __m256i sc16[8], mn16[8];
                 T::scales_half(B, h, sc16);
                 if constexpr (kMins) T::mins_half(B, h, mn16);
+                // kept in memory (each is read once per sub-block pair and per column at the end): in
+                // registers they crowd out the weights and the column sums, which GCC then spills
+                __asm__("" : : "r"(sc16), "r"(mn16) : "memory");
                 __m256i isum[NC];
 #pragma GCC unroll 8
                 for (int c = 0; c < NC; c++) isum[c] = _mm256_setzero_si256();
