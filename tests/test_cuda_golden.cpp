@@ -33,7 +33,6 @@ std::unique_ptr<llm::Model> load_offloaded(const golden::GoldenCase& c, int n_gp
     return llm::Model::load(testutil::shared_dir() + "/golden/models/" + c.model, opt);
 }
 
-
 } // namespace
 
 TEST_CASE("cuda golden: every model and cache type with -ngl 99 on the SIMT emulator, one batch") {

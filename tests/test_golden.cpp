@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <cstring>
 #include <unistd.h>
 
 #include "../llm.hpp"
@@ -22,10 +21,8 @@ TEST_CASE("golden logits: every model and KV type, batch, chunks and token by to
         CAPTURE(c.name);
         auto m = llm::Model::load(dir + "models/" + c.model);
         std::vector<int32_t> toks = json_tokens(testutil::read_file(dir + "logits/" + c.name + ".json"));
-        std::string raw = testutil::read_file(dir + "logits/" + c.name + ".logits.f32");
-        REQUIRE(raw.size() == toks.size() * m->hp.n_vocab * sizeof(float));
-        std::vector<float> ref(toks.size() * m->hp.n_vocab);
-        memcpy(ref.data(), raw.data(), raw.size());
+        std::vector<float> ref;
+        REQUIRE_NOTHROW(ref = reference_logits(c, toks.size() * m->hp.n_vocab));  // the file holds n_tokens x n_vocab floats
 
         const llm::Type kv = llm::type_from_name(c.kv);
         std::vector<float> batch = run_model(*m, toks, kv, 64);
@@ -113,13 +110,11 @@ TEST_CASE("golden: BF16 weights on the BF16 tiles (tiny-llama converted to BF16)
     REQUIRE(up->type == llm::Type::BF16);
     CHECK(up->interleaved == llm::interleave_supported(llm::Type::BF16, up->ne[0], up->ne[1]));
     CHECK(packed->output->interleaved == up->interleaved);
-    const std::string name = "tiny-llama-F16-kvf16";
-    const std::vector<int32_t> toks = json_tokens(testutil::read_file(dir + "logits/" + name + ".json"));
-    const std::string raw = testutil::read_file(dir + "logits/" + name + ".logits.f32");
+    const GoldenCase f16_case{"tiny-llama-F16-kvf16", "tiny-llama-F16.gguf", "f16"};
+    const std::vector<int32_t> toks = json_tokens(testutil::read_file(dir + "logits/" + f16_case.name + ".json"));
     const int n_vocab = packed->hp.n_vocab;
-    REQUIRE(raw.size() == toks.size() * n_vocab * sizeof(float));
-    std::vector<float> ref(toks.size() * n_vocab);
-    memcpy(ref.data(), raw.data(), raw.size());
+    std::vector<float> ref;
+    REQUIRE_NOTHROW(ref = reference_logits(f16_case, toks.size() * n_vocab));
     const std::vector<float> rows = run_model(*plain, toks, llm::Type::F16, 64);
     const Agreement base = compare(ref, rows, n_vocab);
     MESSAGE("BF16 rows vs the F16 reference: mean KL " << base.mean_kl << ", max KL " << base.max_kl << ", top-1 " << base.top1);
