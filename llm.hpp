@@ -4026,7 +4026,7 @@ LLM_AVX2_INLINE __m256i dot_signed(const __m256i* w, const __m256i* w_abs, const
     return sum;
 }
 
-// Columns up to which a kernel takes both halves in one pass (RowsQ45K: more, see there).
+// Columns up to which a kernel takes both halves in one pass (RowsQ45K: all, see there).
 template <class Rows>
 constexpr int kBothHalvesColumns = 2;
 // Each kernel below computes NC columns for the NH halves from h0: up to kBothHalvesColumns columns
@@ -4332,12 +4332,11 @@ struct RowsQ45K {
 #pragma GCC unroll 8
                 for (int c = 0; c < NC; c++) isum[c] = _mm256_setzero_si256();
                 for (int sb = 0; sb < 8; sb++) {
-                    // Both halves in one call (few columns): each pass prefetches half of what is ahead,
+                    // Both halves in one call: each pass prefetches half of what is ahead,
                     // so the stream keeps going while the second half computes. One thread over 64 MiB
                     // (L3 here), interleaved: AVX-VNNI 1 column +11-14 %, AVX2 2 columns +7-10 %; the
                     // same for Q6_K's RowsK16 measured level (docs/performance.md, session 20).
-                    if (NH == 2) prefetch_ahead<sizeof(G) / 16, Ops::kLocality>((const char*)&B + (8 * hh + sb) * (sizeof(G) / 16));
-                    else if (hh == 0) prefetch_ahead<sizeof(G) / 8, Ops::kLocality>((const char*)&B + sb * (sizeof(G) / 8));
+                    prefetch_ahead<sizeof(G) / (8 * NH), Ops::kLocality>((const char*)&B + (8 * hh + sb) * (sizeof(G) / (8 * NH)));
                     __m256i u[8];  // values 4i..4i+3 of the sub-block
 #pragma GCC unroll 4
                     for (int ch = 0; ch < 4; ch++) {
@@ -4377,10 +4376,12 @@ struct RowsQ45K {
         acc.template store<true>(out, ld, h0);
     }
 };
-// Up to 4 columns both halves in one pass: the group's weights stream evenly (a pass per half reads
-// them all in the first and leaves memory idle in the second).
+// Every tile both halves in one pass: the group's weights stream evenly (a pass per half reads them all
+// in the first and leaves memory idle in the second), and each block's scales, mins and column pair
+// sums are unpacked once, not once per half (8 columns: Llama-3.2-1B shape pp512 +2-3 %, requantized
+// to Q5_K_M +3-5 %; docs/performance.md, session 25).
 template <class G, class Ops>
-constexpr int kBothHalvesColumns<RowsQ45K<G, Ops>> = 4;
+constexpr int kBothHalvesColumns<RowsQ45K<G, Ops>> = 8;
 
 // tile16_k16 on AVX2 and AVX-VNNI alike: each 16-value sub-block in int16 runs times its scale
 // (dot_runs; on AVX-VNNI one vpdpwssd per run: Q2_K 8-column tiles +9 % over vpdpbusd's int32 dot and
@@ -4448,6 +4449,10 @@ struct RowsK16 {
         acc.template store<true>(out, ld, h0);
     }
 };
+// Up to 4 columns both halves in one pass (4 columns: Q6_K and Q2_K +2-5 %, Q3_K level); 8 would
+// spill (Q6_K and Q3_K -35 % on AVX2).
+template <class T, class Ops>
+constexpr int kBothHalvesColumns<RowsK16<T, Ops>> = 4;
 #endif
 
 // ---- BF16 weights interleaved (block_bf16_x16) and their vdpbf16ps tiles (AVX512-BF16) -----------
