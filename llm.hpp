@@ -4014,6 +4014,23 @@ LLM_AVX2_INLINE __m256i dot_bytes(const __m256i* u, const int8_t* y) {
     for (int i = 0; i < N; i++) sum[i % 2] = Ops::dpbusd(sum[i % 2], u[i], _mm256_set1_epi32((int)load_u32((const uint8_t*)y + 4 * i)));
     return _mm256_add_epi32(sum[0], sum[1]);
 }
+// sum + each row's 32-value dot of u (values 0..15) and y times its int16 scale16 (in both halves of
+// the row's lane), on AVX-VNNI: the dot in two 16-value halves (each within int16: 15 x 128 x 16),
+// packed and interleaved so a row's halves are one int16 pair, then scaled and added by one vpdpwssd.
+// The same integer as vpmulld's product of the whole dot, without its two uops on the multiply ports.
+template <class Ops>
+LLM_AVX2_INLINE __m256i dot_halves_scaled(__m256i sum, const __m256i* u, const int8_t* y, __m256i scale16) {
+    __m256i lo = _mm256_setzero_si256(), hi = _mm256_setzero_si256();
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++) {
+        lo = Ops::dpbusd(lo, u[i], _mm256_set1_epi32((int)load_u32((const uint8_t*)y + 4 * i)));
+        hi = Ops::dpbusd(hi, u[i + 4], _mm256_set1_epi32((int)load_u32((const uint8_t*)y + 16 + 4 * i)));
+    }
+    // vpackssdw gives each 128-bit lane lo's four rows, then hi's; pair them up row by row
+    const __m256i by_row = _mm256_setr_epi8(0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15,  //
+                                            0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15);
+    return Ops::madd_add(sum, _mm256_shuffle_epi8(_mm256_packs_epi32(lo, hi), by_row), scale16);
+}
 // The same for signed weights w (|w| <= 127, w_abs = |w|), each group summed in int32.
 template <int N>
 LLM_AVX2_INLINE __m256i dot_signed(const __m256i* w, const __m256i* w_abs, const int8_t* y) {
@@ -4286,15 +4303,18 @@ struct RowsB32 {
     }
 };
 
-// tile16_q45_K on AVX2 (AVX-VNNI: each sub-block's exact int32 dot product times its scale).
+// tile16_q45_K on AVX2 (AVX-VNNI: each sub-block's exact dot times its scale by vpdpwssd, Q5_K's by vpmulld).
 template <class G, class Ops>
 struct RowsQ45K {
     static constexpr int kGroupMajorColumns = 0;
-    // Rows 8h..8h+7 of sub-block sb's scales, each in both int16 halves of its row's lane (AVX2:
-    // vpmaddwd's operand) or as int32 (AVX-VNNI: vpmulld's); sc: unpack6's scales.
+    // Q5_K on AVX-VNNI: a 16-value half of a dot may leave int16 (31 x 128 x 16), so its whole dot is
+    // scaled by vpmulld
+    static constexpr bool kMulDot = Ops::kVnni && kHasHigh<G>;
+    // Rows 8h..8h+7 of sub-block sb's scales, each in both int16 halves of its row's lane (vpmaddwd's
+    // or vpdpwssd's operand) or as int32 (kMulDot: vpmulld's); sc: unpack6's scales.
     static LLM_AVX2_INLINE __m256i scales_half(const uint8_t* sc, int sb, int h) {
         const uint8_t* s = sc + 16 * sb + 8 * h;
-        if constexpr (Ops::kVnni) return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)s));
+        if constexpr (kMulDot) return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)s));
         uint64_t eight;
         memcpy(&eight, s, 8);
         const __m256i twice = _mm256_setr_epi8(0, -1, 0, -1, 1, -1, 1, -1, 2, -1, 2, -1, 3, -1, 3, -1,  //
@@ -4351,8 +4371,10 @@ struct RowsQ45K {
                     const __m256i scale = scales_half(sc, sb, h);
 #pragma GCC unroll 8
                     for (int c = 0; c < NC; c++) {
-                        if constexpr (Ops::kVnni)
+                        if constexpr (kMulDot)
                             isum[c] = _mm256_add_epi32(isum[c], _mm256_mullo_epi32(dot_bytes<Ops, 8>(u, y[c]->qs + 32 * sb), scale));
+                        else if constexpr (Ops::kVnni)
+                            isum[c] = dot_halves_scaled<Ops>(isum[c], u, y[c]->qs + 32 * sb, scale);
                         else
                             isum[c] = dot_runs<Ops, 8, safe_run(kHasHigh<G> ? 31 : 15)>(isum[c], u, y[c]->qs + 32 * sb, scale);
                     }

@@ -128,6 +128,25 @@ std::vector<uint8_t> quantized(Type t, const std::vector<float>& x) {
     return q;
 }
 
+// Sets every fp16 scale field (d, and dmin where the type has one) of K-quant blocks in q to what
+// value() returns; other types are left alone.
+template <class Value>
+void set_k_scales(Type t, std::vector<uint8_t>& q, Value value) {
+    struct Field { Type t; size_t block, off[2]; int count; };
+    static const Field fields[] = {
+        {Type::Q2_K, 84, {80, 82}, 2}, {Type::Q3_K, 110, {108, 0}, 1}, {Type::Q4_K, 144, {0, 2}, 2},
+        {Type::Q5_K, 176, {0, 2}, 2}, {Type::Q6_K, 210, {208, 0}, 1},
+    };
+    for (const Field& f : fields) {
+        if (f.t != t) continue;
+        for (size_t b = 0; b < q.size() / f.block; b++)
+            for (int i = 0; i < f.count; i++) {
+                uint16_t h = f2h(value());
+                memcpy(&q[b * f.block + f.off[i]], &h, 2);
+            }
+    }
+}
+
 // Random weights of type t: produced by quantizing random floats, so scales are realistic. K-quant
 // weights come from quantize_row_kquant when it is available, else from random bytes with sane scales.
 std::vector<uint8_t> random_weights(std::mt19937& rng, Type t, int64_t n) {
@@ -138,21 +157,8 @@ std::vector<uint8_t> random_weights(std::mt19937& rng, Type t, int64_t n) {
     }
     std::vector<uint8_t> q(llm::row_bytes(t, n));
     for (auto& b : q) b = (uint8_t)rng();
-    // overwrite the fp16 scale fields with small positive values
-    struct Field { Type t; size_t block, off[2]; int count; };
-    static const Field fields[] = {
-        {Type::Q2_K, 84, {80, 82}, 2}, {Type::Q3_K, 110, {108, 0}, 1}, {Type::Q4_K, 144, {0, 2}, 2},
-        {Type::Q5_K, 176, {0, 2}, 2}, {Type::Q6_K, 210, {208, 0}, 1},
-    };
-    for (const Field& f : fields) {
-        if (f.t != t) continue;
-        std::uniform_real_distribution<float> ud(0.001f, 0.01f);
-        for (size_t b = 0; b < q.size() / f.block; b++)
-            for (int i = 0; i < f.count; i++) {
-                uint16_t h = f2h(ud(rng));
-                memcpy(&q[b * f.block + f.off[i]], &h, 2);
-            }
-    }
+    std::uniform_real_distribution<float> ud(0.001f, 0.01f);
+    set_k_scales(t, q, [&] { return ud(rng); });  // small positive scales
     return q;
 }
 
@@ -536,6 +542,64 @@ TEST_CASE("quants: interleaved Q8_0 / IQ4_NL kernels are exact at extreme values
                         CHECK(got[j * rows + i] == want);
                     }
             }
+        }
+    }
+}
+
+// The K-quant kernels' integer steps at the extremes: rows with every quant and scale at its top (all
+// bits set) or random, d = dmin = 1, against q8_K columns of -127 throughout (quantized from equal
+// floats), of -127 and 127 in alternate 16-value runs, and random. The widest partial sums an int16
+// step holds are reached here (AVX-VNNI's Q4_K: a 16-value half of a sub-block, 15 x -127 x 16): the
+// SIMD tiers must agree bit for bit and match the row kernels to rounding.
+TEST_CASE("quants: interleaved K-quant kernels agree at extreme values on every tier") {
+    IsaGuard guard;
+    std::mt19937 rng(37);
+    const int64_t k = 512, rows = 32, cols = 8;
+    std::vector<uint8_t> A;
+    for (int64_t c = 0; c < cols; c++) {
+        std::vector<float> a = random_floats(rng, k, 1.0f);
+        if (c % 4 != 3)
+            for (int64_t e = 0; e < k; e++) a[e] = c % 4 == 0 ? 1.0f : c % 4 == 1 ? -1.0f : e / 16 % 2 ? -1.0f : 1.0f;
+        const std::vector<uint8_t> q = quantized(Type::Q8_K, a);
+        if (c % 4 == 0) CHECK((int8_t)q[4] == -127);  // qs follows the float d; ggml's q8_K stays within +-127
+        A.insert(A.end(), q.begin(), q.end());
+    }
+    const size_t arow = llm::row_bytes(Type::Q8_K, k);
+    std::vector<float> yf(cols * k);  // the columns as quantized: a block's float d, then its 256 int8 values
+    for (int64_t j = 0; j < cols; j++)
+        for (int64_t e = 0; e < k; e++) {
+            const uint8_t* block = A.data() + j * arow + e / 256 * (arow / (k / 256));
+            float d;
+            memcpy(&d, block, 4);
+            yf[j * k + e] = d * (int8_t)block[4 + e % 256];
+        }
+    for (Type t : {Type::Q2_K, Type::Q3_K, Type::Q4_K, Type::Q5_K, Type::Q6_K}) {
+        CAPTURE(llm::type_info(t).name);
+        REQUIRE(llm::vec_dot_type(t) == Type::Q8_K);
+        const size_t wrow = llm::row_bytes(t, k);
+        std::vector<uint8_t> W(wrow * rows);
+        for (size_t i = 0; i < W.size(); i++) W[i] = i / wrow % 2 ? (uint8_t)rng() : 0xFF;
+        set_k_scales(t, W, [] { return 1.0f; });
+        std::vector<float> wf(rows * k);
+        for (int64_t r = 0; r < rows; r++) llm::dequantize_row(t, W.data() + r * wrow, wf.data() + r * k, k);
+        std::vector<uint8_t> packed(W.size());
+        llm::interleave_rows16(t, W.data(), packed.data(), k, rows);
+        std::vector<float> first_fast;
+        for (llm::Isa isa : supported_isas()) {
+            if (isa == llm::Isa::Scalar) continue;
+            CAPTURE(llm::isa_name(isa));
+            llm::isa_set(isa);
+            std::vector<float> want(rows * cols), got(rows * cols);
+            llm::matmul_rows(t, W.data(), wrow, k, 0, rows, A.data(), arow, cols, want.data(), rows);
+            llm::matmul_rows_interleaved(t, packed.data(), k, 0, rows, A.data(), arow, cols, got.data(), rows);
+            if (first_fast.empty()) first_fast = got;
+            CHECK(got == first_fast);
+            for (int64_t j = 0; j < cols; j++)
+                for (int64_t i = 0; i < rows; i++) {
+                    double mag = 0;  // the sum of the products' magnitudes: the scale of rounding
+                    for (int64_t e = 0; e < k; e++) mag += std::fabs(wf[i * k + e] * yf[j * k + e]);
+                    CHECK(std::fabs(got[j * rows + i] - want[j * rows + i]) <= 2e-6 * mag);
+                }
         }
     }
 }
