@@ -3669,6 +3669,19 @@ LLM_AVX512VNNI_INLINE void accumulate_q45_K(const block_q8_K& y, const uint8_t* 
     acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dx, yd), acc);
     accm = _mm512_fmadd_ps(_mm512_cvtepi32_ps(msum), _mm512_mul_ps(mx, yd), accm);
 }
+// isum + each row's sub-block dot times the row's scale (int32). Q4_K's dot comes in its 16-value
+// halves (dot: values 0..15, dot_hi: 16..31), each within int16 (15 x 127 x 16), so they are packed
+// to one int16 pair per row and scaled and added by one vpdpwssd, not vpmulld's two uops (8 columns
+// +4-12 %, 1 column +7 %); Q5_K's halves may not fit (31 x 127 x 16): its whole dot is in dot (two
+// chains and an add cost it 2-3 %), scaled by vpmulld.
+template <class G>
+LLM_AVX512VNNI_INLINE __m512i add_scaled_dot(__m512i isum, __m512i dot, __m512i dot_hi, __m512i scale) {
+    if constexpr (kHasHigh<G>) return _mm512_add_epi32(isum, _mm512_mullo_epi32(dot, scale));
+    // vpackssdw gives each 128-bit lane dot's four rows, then dot_hi's; pair them up row by row
+    const __m512i by_row = _mm512_broadcast_i32x4(_mm_setr_epi8(0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15));
+    const __m512i scale16 = _mm512_or_si512(scale, _mm512_slli_epi32(scale, 16));
+    return _mm512_dpwssd_epi32(isum, _mm512_shuffle_epi8(_mm512_packs_epi32(dot, dot_hi), by_row), scale16);
+}
 template <class G, int NC>
 LLM_AVX512VNNI_FN void tile16_q45_K(int64_t k, const uint8_t* W, const uint8_t* A, size_t as, const float*, int64_t,
                                     const int32_t*, float* out, int64_t ld) {
@@ -3688,9 +3701,9 @@ LLM_AVX512VNNI_FN void tile16_q45_K(int64_t k, const uint8_t* W, const uint8_t* 
         for (int c = 0; c < NC; c++) y[c] = (const block_q8_K*)(A + c * as) + b, isum[c] = _mm512_setzero_si512();
         for (int sb = 0; sb < 8; sb++) {
             prefetch_ahead<sizeof(G) / 8>((const char*)&B + sb * (sizeof(G) / 8));
-            __m512i dot[NC];
+            __m512i dot[NC], dot_hi[NC];  // see add_scaled_dot
 #pragma GCC unroll 8
-            for (int c = 0; c < NC; c++) dot[c] = _mm512_setzero_si512();
+            for (int c = 0; c < NC; c++) dot[c] = dot_hi[c] = _mm512_setzero_si512();
 #pragma GCC unroll 4
             for (int ch = 0; ch < 4; ch++) {
                 __m512i lo, hi;
@@ -3702,12 +3715,13 @@ LLM_AVX512VNNI_FN void tile16_q45_K(int64_t k, const uint8_t* W, const uint8_t* 
                     memcpy(&a0, yq, 4);
                     memcpy(&a1, yq + 16, 4);
                     dot[c] = _mm512_dpbusd_epi32(dot[c], lo, _mm512_set1_epi32(a0));
-                    dot[c] = _mm512_dpbusd_epi32(dot[c], hi, _mm512_set1_epi32(a1));
+                    __m512i& to = kHasHigh<G> ? dot[c] : dot_hi[c];
+                    to = _mm512_dpbusd_epi32(to, hi, _mm512_set1_epi32(a1));
                 }
             }
             const __m512i scale = _mm512_cvtepu8_epi32(_mm_load_si128((const __m128i*)(sc + 16 * sb)));
 #pragma GCC unroll 8
-            for (int c = 0; c < NC; c++) isum[c] = _mm512_add_epi32(isum[c], _mm512_mullo_epi32(dot[c], scale));
+            for (int c = 0; c < NC; c++) isum[c] = add_scaled_dot<G>(isum[c], dot[c], dot_hi[c], scale);
         }
         const __m512 dx = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)B.d));
         const __m512 mx = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)B.dmin));
