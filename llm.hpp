@@ -3670,10 +3670,10 @@ LLM_AVX512VNNI_INLINE void accumulate_q45_K(const block_q8_K& y, const uint8_t* 
     accm = _mm512_fmadd_ps(_mm512_cvtepi32_ps(msum), _mm512_mul_ps(mx, yd), accm);
 }
 // isum + each row's sub-block dot times the row's scale (int32). Q4_K's dot comes in its 16-value
-// halves (dot: values 0..15, dot_hi: 16..31), each within int16 (15 x 127 x 16), so they are packed
-// to one int16 pair per row and scaled and added by one vpdpwssd, not vpmulld's two uops (8 columns
-// +4-12 %, 1 column +7 %); Q5_K's halves may not fit (31 x 127 x 16): its whole dot is in dot (two
-// chains and an add cost it 2-3 %), scaled by vpmulld.
+// halves (dot: values 0..15, dot_hi: 16..31), each within int16 (15 x 128 x 16 = 30720), so they are
+// packed to one int16 pair per row and scaled and added by one vpdpwssd, not vpmulld's two uops (8
+// columns +4-12 %, 1 column +7 %); Q5_K's halves may not fit (31 x 127 x 16): its whole dot is in dot
+// (two chains and an add cost it 2-3 %), scaled by vpmulld.
 template <class G>
 LLM_AVX512VNNI_INLINE __m512i add_scaled_dot(__m512i isum, __m512i dot, __m512i dot_hi, __m512i scale) {
     if constexpr (kHasHigh<G>) return _mm512_add_epi32(isum, _mm512_mullo_epi32(dot, scale));
@@ -4029,9 +4029,10 @@ LLM_AVX2_INLINE __m256i dot_bytes(const __m256i* u, const int8_t* y) {
     return _mm256_add_epi32(sum[0], sum[1]);
 }
 // sum + each row's 32-value dot of u (values 0..15) and y times its int16 scale16 (in both halves of
-// the row's lane), on AVX-VNNI: the dot in two 16-value halves (each within int16: 15 x 128 x 16),
-// packed and interleaved so a row's halves are one int16 pair, then scaled and added by one vpdpwssd.
-// The same integer as vpmulld's product of the whole dot, without its two uops on the multiply ports.
+// the row's lane), on AVX-VNNI: the dot in two 16-value halves (each within int16: 15 x 128 x 16 =
+// 30720), packed and interleaved so a row's halves are one int16 pair, then scaled and added by one
+// vpdpwssd. The same integer as vpmulld's product of the whole dot, without its two uops on the
+// multiply ports.
 template <class Ops>
 LLM_AVX2_INLINE __m256i dot_halves_scaled(__m256i sum, const __m256i* u, const int8_t* y, __m256i scale16) {
     __m256i lo = _mm256_setzero_si256(), hi = _mm256_setzero_si256();
@@ -4321,7 +4322,7 @@ struct RowsB32 {
 template <class G, class Ops>
 struct RowsQ45K {
     static constexpr int kGroupMajorColumns = 0;
-    // Q5_K on AVX-VNNI: a 16-value half of a dot may leave int16 (31 x 128 x 16), so its whole dot is
+    // Q5_K on AVX-VNNI: a 16-value half of a dot may leave int16 (31 x 127 x 16), so its whole dot is
     // scaled by vpmulld
     static constexpr bool kMulDot = Ops::kVnni && kHasHigh<G>;
     // Rows 8h..8h+7 of sub-block sb's scales, each in both int16 halves of its row's lane (vpmaddwd's

@@ -548,7 +548,8 @@ TEST_CASE("quants: interleaved Q8_0 / IQ4_NL kernels are exact at extreme values
 
 // The K-quant kernels' integer steps at the extremes: rows with every quant and scale at its top (all
 // bits set) or random, d = dmin = 1, against q8_K columns of -127 throughout (quantized from equal
-// floats), of -127 and 127 in alternate 16-value runs, and random. The widest partial sums an int16
+// floats), of 127 but for each block's first value, of -127 and 127 in alternate 16-value runs, and
+// random. The widest partial sums an int16
 // step holds are reached here (AVX-VNNI's Q4_K: a 16-value half of a sub-block, 15 x -127 x 16): the
 // SIMD tiers must agree bit for bit and match the row kernels to rounding.
 TEST_CASE("quants: interleaved K-quant kernels agree at extreme values on every tier") {
@@ -559,9 +560,9 @@ TEST_CASE("quants: interleaved K-quant kernels agree at extreme values on every 
     for (int64_t c = 0; c < cols; c++) {
         std::vector<float> a = random_floats(rng, k, 1.0f);
         if (c % 4 != 3)
-            for (int64_t e = 0; e < k; e++) a[e] = c % 4 == 0 ? 1.0f : c % 4 == 1 ? -1.0f : e / 16 % 2 ? -1.0f : 1.0f;
+            for (int64_t e = 0; e < k; e++) a[e] = c % 4 == 0 ? 1.0f : c % 4 == 1 ? (e % 256 ? -1.0f : 1.0f) : e / 16 % 2 ? -1.0f : 1.0f;
         const std::vector<uint8_t> q = quantized(Type::Q8_K, a);
-        if (c % 4 == 0) CHECK((int8_t)q[4] == -127);  // qs follows the float d; ggml's q8_K stays within +-127
+        if (c % 4 < 2) CHECK((int8_t)q[5] == (c % 4 ? 127 : -127));  // qs follows the float d; ggml's q8_K stays within +-127
         A.insert(A.end(), q.begin(), q.end());
     }
     const size_t arow = llm::row_bytes(Type::Q8_K, k);
