@@ -3674,13 +3674,17 @@ LLM_AVX512VNNI_INLINE void accumulate_q45_K(const block_q8_K& y, const uint8_t* 
 // packed to one int16 pair per row and scaled and added by one vpdpwssd, not vpmulld's two uops (8
 // columns +4-12 %, 1 column +7 %); Q5_K's halves may not fit (31 x 127 x 16): its whole dot is in dot
 // (two chains and an add cost it 2-3 %), scaled by vpmulld.
+// isum + a * scales16's low int16 + b * its high int16, row by row, for int32 dots a and b within
+// int16: vpackssdw gives each 128-bit lane a's four rows, then b's; a vpshufb pairs them up row by
+// row for one vpdpwssd.
+LLM_AVX512VNNI_INLINE __m512i add_scaled_pair(__m512i isum, __m512i a, __m512i b, __m512i scales16) {
+    const __m512i by_row = _mm512_broadcast_i32x4(_mm_setr_epi8(0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15));
+    return _mm512_dpwssd_epi32(isum, _mm512_shuffle_epi8(_mm512_packs_epi32(a, b), by_row), scales16);
+}
 template <class G>
 LLM_AVX512VNNI_INLINE __m512i add_scaled_dot(__m512i isum, __m512i dot, __m512i dot_hi, __m512i scale) {
     if constexpr (kHasHigh<G>) return _mm512_add_epi32(isum, _mm512_mullo_epi32(dot, scale));
-    // vpackssdw gives each 128-bit lane dot's four rows, then dot_hi's; pair them up row by row
-    const __m512i by_row = _mm512_broadcast_i32x4(_mm_setr_epi8(0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15));
-    const __m512i scale16 = _mm512_or_si512(scale, _mm512_slli_epi32(scale, 16));
-    return _mm512_dpwssd_epi32(isum, _mm512_shuffle_epi8(_mm512_packs_epi32(dot, dot_hi), by_row), scale16);
+    return add_scaled_pair(isum, dot, dot_hi, _mm512_or_si512(scale, _mm512_slli_epi32(scale, 16)));
 }
 template <class G, int NC>
 LLM_AVX512VNNI_FN void tile16_q45_K(int64_t k, const uint8_t* W, const uint8_t* A, size_t as, const float*, int64_t,
@@ -3859,6 +3863,9 @@ LLM_AVX512VNNI_FN void tile16_k16(int64_t k, const uint8_t* W, const uint8_t* A,
     const int64_t nb = k / QK_K;
     const G* x = (const G*)W;
     constexpr bool kMins = std::is_same_v<T, I16Q2K>;
+    // Q3_K's and Q2_K's 16-value dots fit int16 (7 x 128 x 16), so a pair of sub-blocks is scaled by
+    // one vpdpwssd with the rows' int16 scale pairs; Q6_K's (63 x 128 x 16) by vpmulld each
+    constexpr bool kDotsInInt16 = T::kMaxValue * 128 * 16 <= 32767;
     __m512 acc[NC], accm[NC];
 #pragma GCC unroll 8
     for (int c = 0; c < NC; c++) acc[c] = accm[c] = _mm512_setzero_ps();
@@ -3871,6 +3878,7 @@ LLM_AVX512VNNI_FN void tile16_k16(int64_t k, const uint8_t* W, const uint8_t* A,
         __m512i sc16[8], mn16[8];
         T::scales(B, sc16);
         if constexpr (kMins) T::mins(B, mn16);
+        __m512i dot_even[NC];  // kDotsInInt16: the even sub-block's dots, scaled with the odd one's
 #pragma GCC unroll 16  // constant shift counts in group / group_half (variable ones cost a vpsrlw by xmm each)
         for (int sb = 0; sb < 16; sb++) {
             prefetch_sub_block16(B, sb);
@@ -3887,7 +3895,9 @@ LLM_AVX512VNNI_FN void tile16_k16(int64_t k, const uint8_t* W, const uint8_t* A,
                     memcpy(&a, y[c]->qs + 16 * sb + 4 * j, 4);
                     dot = _mm512_dpbusd_epi32(dot, u[j], _mm512_set1_epi32(a));
                 }
-                isum[c] = _mm512_add_epi32(isum[c], _mm512_mullo_epi32(dot, scale));
+                if constexpr (!kDotsInInt16) isum[c] = _mm512_add_epi32(isum[c], _mm512_mullo_epi32(dot, scale));
+                else if (sb % 2 == 0) dot_even[c] = dot;
+                else isum[c] = add_scaled_pair(isum[c], dot_even[c], dot, sc16[sb / 2]);
             }
         }
         const __m512 dx = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)B.d));
