@@ -3669,11 +3669,6 @@ LLM_AVX512VNNI_INLINE void accumulate_q45_K(const block_q8_K& y, const uint8_t* 
     acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dx, yd), acc);
     accm = _mm512_fmadd_ps(_mm512_cvtepi32_ps(msum), _mm512_mul_ps(mx, yd), accm);
 }
-// isum + each row's sub-block dot times the row's scale (int32). Q4_K's dot comes in its 16-value
-// halves (dot: values 0..15, dot_hi: 16..31), each within int16 (15 x 128 x 16 = 30720), so they are
-// packed to one int16 pair per row and scaled and added by one vpdpwssd, not vpmulld's two uops (8
-// columns +4-12 %, 1 column +7 %); Q5_K's halves may not fit (31 x 127 x 16): its whole dot is in dot
-// (two chains and an add cost it 2-3 %), scaled by vpmulld.
 // isum + a * scales16's low int16 + b * its high int16, row by row, for int32 dots a and b within
 // int16: vpackssdw gives each 128-bit lane a's four rows, then b's; a vpshufb pairs them up row by
 // row for one vpdpwssd.
@@ -3681,6 +3676,11 @@ LLM_AVX512VNNI_INLINE __m512i add_scaled_pair(__m512i isum, __m512i a, __m512i b
     const __m512i by_row = _mm512_broadcast_i32x4(_mm_setr_epi8(0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15));
     return _mm512_dpwssd_epi32(isum, _mm512_shuffle_epi8(_mm512_packs_epi32(a, b), by_row), scales16);
 }
+// isum + each row's sub-block dot times the row's scale (int32). Q4_K's dot comes in its 16-value
+// halves (dot: values 0..15, dot_hi: 16..31), each within int16 (15 x 128 x 16 = 30720), so they are
+// packed to one int16 pair per row and scaled and added by one vpdpwssd, not vpmulld's two uops (8
+// columns +4-12 %, 1 column +7 %); Q5_K's halves may not fit (31 x 127 x 16): its whole dot is in dot
+// (two chains and an add cost it 2-3 %), scaled by vpmulld.
 template <class G>
 LLM_AVX512VNNI_INLINE __m512i add_scaled_dot(__m512i isum, __m512i dot, __m512i dot_hi, __m512i scale) {
     if constexpr (kHasHigh<G>) return _mm512_add_epi32(isum, _mm512_mullo_epi32(dot, scale));
