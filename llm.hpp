@@ -2500,7 +2500,7 @@ struct CpuFeatures {
     bool avx512 = false;   // AVX-512 F/BW/VL/DQ, OS saves ZMM state
     bool vnni = false;     // AVX-512 VNNI
     bool avxvnni = false;  // AVX-VNNI (VEX-encoded vpdpbusd on 256-bit registers)
-    bool amd = false;      // vendor AuthenticAMD or HygonGenuine (Zen cores): the AVX2 tiles' prefetch hint
+    bool zen2 = false;     // AMD family 17h (Zen to Zen 2) or Hygon 18h: the AVX2 tiles' prefetch hint
 };
 
 inline CpuFeatures detect_cpu() {
@@ -2512,10 +2512,12 @@ inline CpuFeatures detect_cpu() {
     uint32_t r[4];
     cpuid(0, 0, r);
     const uint32_t max_leaf = r[0];
-    f.amd = (r[1] == 0x68747541 && r[3] == 0x69746e65 && r[2] == 0x444d4163) ||  // "Auth" "enti" "cAMD"
-            (r[1] == 0x6f677948 && r[3] == 0x6e65476e && r[2] == 0x656e6975);    // "Hygo" "nGen" "uine"
+    const bool amd = (r[1] == 0x68747541 && r[3] == 0x69746e65 && r[2] == 0x444d4163) ||  // "Auth" "enti" "cAMD"
+                     (r[1] == 0x6f677948 && r[3] == 0x6e65476e && r[2] == 0x656e6975);    // "Hygo" "nGen" "uine"
     if (max_leaf < 7) return f;
     cpuid(1, 0, r);
+    const uint32_t family = (r[0] >> 8 & 0xF) + ((r[0] >> 8 & 0xF) == 0xF ? (r[0] >> 20 & 0xFF) : 0);
+    f.zen2 = amd && (family == 0x17 || family == 0x18);
     const bool osxsave = r[2] >> 27 & 1, avx = r[2] >> 28 & 1, fma = r[2] >> 12 & 1, f16c = r[2] >> 29 & 1;
     if (!osxsave || !avx) return f;
     uint32_t lo, hi;
@@ -2607,7 +2609,7 @@ struct OpsAVX2 {
     }
 };
 struct OpsAVX2Nta : OpsAVX2 {
-    static constexpr int kLocality = 0;  // prefetchnta, on AMD (see prefetch_ahead)
+    static constexpr int kLocality = 0;  // prefetchnta, on Zen 2 and older (see prefetch_ahead)
 };
 struct OpsVNNI {
     // Not always_inline: they become inlinable only once the AVX2 kernel around them has been
@@ -2925,7 +2927,7 @@ LLM_AVX2_INLINE void prefetch_span(const void* p, size_t bytes) {
     const uintptr_t from = (uintptr_t)p + kPrefetchBytes, to = from + bytes;
     for (uintptr_t a = (from + 63) & ~(uintptr_t)63; a < to; a += 64) __builtin_prefetch((const void*)a, 0, Locality);
 }
-// Sub-block sb of the 16 in a K16 group B, by spans; with prefetchnta (AMD's AVX2 tiles) whole-line
+// Sub-block sb of the 16 in a K16 group B, by spans; with prefetchnta (Zen 2's AVX2 tiles) whole-line
 // steps as measured on Zen 2 in session 14 (the spans are unmeasured there).
 template <int Locality = 2, class G>
 LLM_AVX2_INLINE void prefetch_sub_block16(const G& B, int sb) {
@@ -2934,11 +2936,15 @@ LLM_AVX2_INLINE void prefetch_sub_block16(const G& B, int sb) {
     else prefetch_span<Locality>(sub_block, sizeof(G) / 16);
 }
 // The AVX2 tiles' prefetches take their locality from the Ops: prefetcht1, and prefetchnta on AMD
-// (OpsAVX2Nta, chosen where the tiles are picked, avx2_tiles). Zen 2, -t 2, interleaved against
+// family 17h (OpsAVX2Nta, chosen where the tiles are picked, avx2_tiles). Zen 2, -t 2, interleaved against
 // prefetcht0: tg64 SmolLM2 Q4_1 +5 %, Gemma 3 +3 %, SmolLM2-shape Q8_0 / Q4_K_M +3 %, Llama-1B shape
 // equal; pp512 SmolLM2 shape +2-8 % (docs/performance.md, session 14). On the Xeon prefetchnta made
-// LLM_ISA=avx2 decode 2.7x slower on SmolLM2 Q4_1 and 1.6x on the Llama-1B shape (session 15). A
-// run-time test of the vendor per group instead of two instantiations cost Llama-1B tg 10 % there.
+// LLM_ISA=avx2 decode 2.7x slower on SmolLM2 Q4_1 and 1.6x on the Llama-1B shape (session 15). On a
+// Zen 4 EPYC (family 19h, as Zen 3), LLM_ISA=avx2 decode: beside a compile job on the same cores
+// prefetcht1 was well ahead (tg64 Llama-1B shape 20-21.5 -> 25-29, SmolLM2 Q4_1 133-156 -> 167-184, MoE
+// 90 -> 102-108); quiet, alternating every 16-64 tokens in one process, level (Llama-1B 38.1 / 36.7 ->
+// 40.3 / 37.2, SmolLM2 Q4_1 150 -> 158, Gemma 3 108 -> 101; session 26). A run-time test of the vendor
+// per group instead of two instantiations cost Llama-1B tg 10 % there.
 // hsum8 of eight registers at once, in its order of additions (lane k + lane k + 4, then
 // (0 + 2) + (1 + 3)): element e of the result is hsum8(v[kHsum8x8Order[e]]). The last two steps take
 // s[i], the s_k = lane k + lane k + 4 of v[2i] (low half) and v[2i + 1] (high half), so a caller
@@ -4581,10 +4587,10 @@ template <class Rows>
 std::array<Tile16Fn, 4> avx2_tiles_of() {
     return {tile16_avx2<Rows, 1>, tile16_avx2<Rows, 2>, tile16_avx2<Rows, 4>, tile16_avx2<Rows, 8>};
 }
-// The AVX2 tiles: RowsNta (the same rows on OpsAVX2Nta) on AMD, Rows (on OpsAVX2) elsewhere.
+// The AVX2 tiles: RowsNta (the same rows on OpsAVX2Nta) on Zen 2 and older, Rows (on OpsAVX2) elsewhere.
 template <class Rows, class RowsNta>
 std::array<Tile16Fn, 4> avx2_tiles() {
-    return cpu().amd ? avx2_tiles_of<RowsNta>() : avx2_tiles_of<Rows>();
+    return cpu().zen2 ? avx2_tiles_of<RowsNta>() : avx2_tiles_of<Rows>();
 }
 template <class Rows>
 std::array<Tile16Fn, 4> avxvnni_tiles() {
