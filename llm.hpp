@@ -13653,6 +13653,15 @@ int physical_core_count() {
     return std::max(1, cores);
 }
 
+// The spin-wait hint (x86 pause, Arm yield): lets a sibling hyper-thread run and saves power.
+inline void spin_pause() {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__) || defined(__arm__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
 class ThreadPool {
 public:
     using Fn = std::function<void(int64_t begin, int64_t end, int thread)>;
@@ -13700,7 +13709,12 @@ public:
         // Close the job, then wait only for the workers inside it: one that has not joined yet never will,
         // so a worker that lost its core to another process does not stall every job of a decode step.
         generation_.fetch_add(1);  // even: closed
-        while (joined_.load() != 0) std::this_thread::yield();
+        // A spin with pause, yielding now and then: a yield per check hands the core to any runnable
+        // process, however low its priority. Zen 4, decode beside two nice-19 `yes`: Llama-1B shape
+        // 24.8 -> 31.1 t/s (quiet: 33.3-34.0), level quiet and beside a nice-0 one (session 26).
+        for (int checks = 1; joined_.load() != 0; checks++)
+            if (checks % 1024) spin_pause();
+            else std::this_thread::yield();
     }
 
 private:
@@ -13711,7 +13725,9 @@ private:
             (*fn_)(b, std::min(n_items_, b + chunk_), thread);
         }
     }
-    // The next generation after `seen`: busy-waits up to the poll level, then sleeps.
+    // The next generation after `seen`: busy-waits up to the poll level, then sleeps. The busy wait
+    // yields every 64 checks: beside a busy process of the same priority on a worker's core, yielding
+    // while idle wins decode back (SmolLM2 Q4_1 on Zen 4 101 t/s against 66 with pause alone).
     uint64_t wait_for_change(uint64_t seen) {
         uint64_t g;
         int spins = 0;
