@@ -13712,7 +13712,7 @@ public:
         // A spin with pause, yielding now and then: a yield per check hands the core to any runnable
         // process, however low its priority. Zen 4, decode beside two nice-19 `yes`: Llama-1B shape
         // 24.8 -> 31.1 t/s (quiet: 33.3-34.0), level quiet and beside a nice-0 one (session 26).
-        for (int checks = 1; joined_.load() != 0; checks++)
+        for (unsigned checks = 1; joined_.load() != 0; checks++)
             if (checks % 1024) spin_pause();
             else std::this_thread::yield();
     }
