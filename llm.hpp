@@ -13653,11 +13653,12 @@ int physical_core_count() {
     return std::max(1, cores);
 }
 
-// The spin-wait hint (x86 pause, Arm yield): lets a sibling hyper-thread run and saves power.
+// The spin-wait hint (x86 pause, AArch64 yield; none elsewhere, where 32-bit Arm cores before v6K
+// lack yield): lets a sibling hyper-thread run and saves power.
 inline void spin_pause() {
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_ia32_pause();
-#elif defined(__aarch64__) || defined(__arm__)
+#elif defined(__aarch64__)
     __asm__ __volatile__("yield");
 #endif
 }
