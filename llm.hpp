@@ -2603,6 +2603,7 @@ struct IsaKernels {
 struct OpsAVX2 {
     static constexpr bool kVnni = false;
     static constexpr int kLocality = 2;  // of the weight stream's prefetches (prefetch_ahead)
+    static constexpr bool kNear = false;  // the K16 tiles' near prefetch (prefetch_near)
     static LLM_AVX2_INLINE __m256i dot_us(__m256i a, __m256i b) {
         return _mm256_madd_epi16(_mm256_maddubs_epi16(a, b), _mm256_set1_epi16(1));
     }
@@ -2612,6 +2613,9 @@ struct OpsAVX2 {
 };
 struct OpsAVX2Nta : OpsAVX2 {
     static constexpr int kLocality = 0;  // prefetchnta, on Zen 2 and older (see prefetch_ahead)
+};
+struct OpsAVX2Near : OpsAVX2 {
+    static constexpr bool kNear = true;  // the K16 tiles on AMD after Zen 2 (see prefetch_near)
 };
 struct OpsVNNI {
     // Not always_inline: they become inlinable only once the AVX2 kernel around them has been
@@ -2627,6 +2631,7 @@ struct OpsVNNI {
 struct OpsAVXVNNI {
     static constexpr bool kVnni = true;
     static constexpr int kLocality = 2;
+    static constexpr bool kNear = false;
     static inline LLM_AVXVNNI_FN __m256i dpbusd(__m256i acc, __m256i a, __m256i b) { return _mm256_dpbusd_avx_epi32(acc, a, b); }
     static inline LLM_AVXVNNI_FN __m256i dot_us(__m256i a, __m256i b) { return dpbusd(_mm256_setzero_si256(), a, b); }
     static inline LLM_AVXVNNI_FN __m256i madd_add(__m256i acc, __m256i a, __m256i b) { return _mm256_dpwssd_avx_epi32(acc, a, b); }
@@ -2934,7 +2939,9 @@ LLM_AVX2_INLINE void prefetch_span(const void* p, size_t bytes) {
 // two threads, alternating pass by pass with a stream sum of the same buffer: Q6_K 83-84 -> 93 % of
 // the sum's bandwidth, Q4_K 86-87 -> 88-89 %; Llama-1B shape decode in one process, alternating every
 // 32 tokens for 10 rounds: 31.8 / 31.2 -> 33.0 / 32.4 t/s (session 27). 1 KiB ahead did as well, 256
-// and 512 bytes a little less. Not measured on Intel, whose tiles are unchanged.
+// and 512 bytes a little less. The AVX2 K16 tiles (RowsK16 on OpsAVX2Near) do the same on AMD after
+// Zen 2, measured with LLM_ISA=avx2 on that Zen 4: Q6_K 85 -> 94 % of the sum; the AVX2 Q4_K tile lost
+// 1-3 % with it and goes without. Not measured on Intel or Zen 2, whose tiles are unchanged.
 constexpr int kNearPrefetchBytes = 2048;
 template <bool Near>
 LLM_AVX2_INLINE void prefetch_near(const void* p, size_t bytes) {
@@ -4486,7 +4493,10 @@ struct RowsK16 {
                 for (int c = 0; c < NC; c++) isum[c] = _mm256_setzero_si256();
 #pragma GCC unroll 16  // constant shift counts in group / group_half (variable ones cost a vpsrlw by xmm each)
                 for (int sb = 0; sb < 16; sb++) {
-                    if (hh == 0) prefetch_sub_block16<Ops::kLocality>(B, sb);
+                    if (hh == 0) {
+                        prefetch_sub_block16<Ops::kLocality>(B, sb);
+                        prefetch_near<Ops::kNear>((const char*)&B + sb * (sizeof(G) / 16), sizeof(G) / 16);
+                    }
                     __m256i u[4];
 #pragma GCC unroll 4
                     for (int j = 0; j < 4; j++) u[j] = T::group_half(B, 4 * sb + j, h);
@@ -4640,7 +4650,9 @@ InterleavedType interleaved_k16() {
 #ifdef LLM_X86
             cpu().amd ? std::array<Tile16Fn, 4>{tile16_k16<I16Of<G>, 1, true>, tile16_k16<I16Of<G>, 2, true>, tile16_k16<I16Of<G>, 4, true>, tile16_k16<I16Of<G>, 8, true>}
                       : std::array<Tile16Fn, 4>{tile16_k16<I16Of<G>, 1, false>, tile16_k16<I16Of<G>, 2, false>, tile16_k16<I16Of<G>, 4, false>, tile16_k16<I16Of<G>, 8, false>},
-            avx2_tiles<RowsK16<I16Of<G>, OpsAVX2>, RowsK16<I16Of<G>, OpsAVX2Nta>>(), avxvnni_tiles<RowsK16<I16Of<G>, OpsAVXVNNI>>()};
+            cpu().amd && !cpu().zen2 ? avx2_tiles_of<RowsK16<I16Of<G>, OpsAVX2Near>>()
+                                     : avx2_tiles<RowsK16<I16Of<G>, OpsAVX2>, RowsK16<I16Of<G>, OpsAVX2Nta>>(),
+            avxvnni_tiles<RowsK16<I16Of<G>, OpsAVXVNNI>>()};
 #else
             {}, {}, {}};
 #endif
