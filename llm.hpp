@@ -2501,7 +2501,7 @@ struct CpuFeatures {
     bool vnni = false;     // AVX-512 VNNI
     bool avxvnni = false;  // AVX-VNNI (VEX-encoded vpdpbusd on 256-bit registers)
     bool zen2 = false;     // AMD family 17h (Zen to Zen 2) or Hygon 18h: the AVX2 tiles' prefetch hint
-    bool amd = false;      // AMD or Hygon: the AVX-512 K-quant tiles' near prefetch (prefetch_near)
+    bool amd = false;      // AMD or Hygon: the K-quant tiles' near prefetch (prefetch_near)
 };
 
 inline CpuFeatures detect_cpu() {
@@ -4611,7 +4611,8 @@ template <class Rows>
 std::array<Tile16Fn, 4> avx2_tiles_of() {
     return {tile16_avx2<Rows, 1>, tile16_avx2<Rows, 2>, tile16_avx2<Rows, 4>, tile16_avx2<Rows, 8>};
 }
-// The AVX2 tiles: RowsNta (the same rows on OpsAVX2Nta) on Zen 2 and older, Rows (on OpsAVX2) elsewhere.
+// The AVX2 tiles: RowsNta (the same rows on OpsAVX2Nta) on Zen 2 and older, Rows (on OpsAVX2) elsewhere
+// (the K16 tiles on later AMD CPUs take OpsAVX2Near instead, see prefetch_near).
 template <class Rows, class RowsNta>
 std::array<Tile16Fn, 4> avx2_tiles() {
     return cpu().zen2 ? avx2_tiles_of<RowsNta>() : avx2_tiles_of<Rows>();
