@@ -4621,6 +4621,15 @@ template <class Rows>
 std::array<Tile16Fn, 4> avxvnni_tiles() {
     return {tile16_avxvnni<Rows, 1>, tile16_avxvnni<Rows, 2>, tile16_avxvnni<Rows, 4>, tile16_avxvnni<Rows, 8>};
 }
+// The AVX-512 VNNI tiles of Q4_K / Q5_K and of the K16 types, with or without the near prefetch (on AMD).
+template <class G, bool Near>
+std::array<Tile16Fn, 4> q45_K_tiles() {
+    return {tile16_q45_K<G, 1, Near>, tile16_q45_K<G, 2, Near>, tile16_q45_K<G, 4, Near>, tile16_q45_K<G, 8, Near>};
+}
+template <class T, bool Near>
+std::array<Tile16Fn, 4> k16_tiles() {
+    return {tile16_k16<T, 1, Near>, tile16_k16<T, 2, Near>, tile16_k16<T, 4, Near>, tile16_k16<T, 8, Near>};
+}
 #endif
 template <class X, class G, int Offset, bool Table>
 InterleavedType interleaved_b32() {
@@ -4637,8 +4646,7 @@ template <class X, class G>
 InterleavedType interleaved_q45_K() {
     return {false, interleave_group<X, G, interleave_q45_K<X, G>>, deinterleave_group<X, G, deinterleave_q45_K<X, G>>,
 #ifdef LLM_X86
-            cpu().amd ? std::array<Tile16Fn, 4>{tile16_q45_K<G, 1, true>, tile16_q45_K<G, 2, true>, tile16_q45_K<G, 4, true>, tile16_q45_K<G, 8, true>}
-                      : std::array<Tile16Fn, 4>{tile16_q45_K<G, 1, false>, tile16_q45_K<G, 2, false>, tile16_q45_K<G, 4, false>, tile16_q45_K<G, 8, false>},
+            cpu().amd ? q45_K_tiles<G, true>() : q45_K_tiles<G, false>(),
             avx2_tiles<RowsQ45K<G, OpsAVX2>, RowsQ45K<G, OpsAVX2Nta>>(),
             avxvnni_tiles<RowsQ45K<G, OpsAVXVNNI>>()};
 #else
@@ -4649,8 +4657,7 @@ template <class X, class G, void (*In)(const X&, int, G&), void (*Out)(const G&,
 InterleavedType interleaved_k16() {
     return {false, interleave_group<X, G, In>, deinterleave_group<X, G, Out>,
 #ifdef LLM_X86
-            cpu().amd ? std::array<Tile16Fn, 4>{tile16_k16<I16Of<G>, 1, true>, tile16_k16<I16Of<G>, 2, true>, tile16_k16<I16Of<G>, 4, true>, tile16_k16<I16Of<G>, 8, true>}
-                      : std::array<Tile16Fn, 4>{tile16_k16<I16Of<G>, 1, false>, tile16_k16<I16Of<G>, 2, false>, tile16_k16<I16Of<G>, 4, false>, tile16_k16<I16Of<G>, 8, false>},
+            cpu().amd ? k16_tiles<I16Of<G>, true>() : k16_tiles<I16Of<G>, false>(),
             cpu().amd && !cpu().zen2 ? avx2_tiles_of<RowsK16<I16Of<G>, OpsAVX2Near>>()
                                      : avx2_tiles<RowsK16<I16Of<G>, OpsAVX2>, RowsK16<I16Of<G>, OpsAVX2Nta>>(),
             avxvnni_tiles<RowsK16<I16Of<G>, OpsAVXVNNI>>()};
