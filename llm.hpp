@@ -13794,9 +13794,10 @@ private:
         static uint64_t pack(int64_t front, int64_t back) { return (uint64_t)back << 32 | (uint64_t)front; }
         static int64_t front(uint64_t s) { return (int64_t)(s & 0xFFFFFFFFu); }
         static int64_t back(uint64_t s) { return (int64_t)(s >> 32); }
+        static int64_t size(uint64_t s) { return std::max<int64_t>(0, back(s) - front(s)); }
         int64_t take_front() {
             for (uint64_t s = span.load();;) {
-                if (front(s) >= back(s)) return -1;
+                if (size(s) == 0) return -1;
                 if (span.compare_exchange_weak(s, pack(front(s) + 1, back(s)))) return front(s);
             }
         }
@@ -13806,16 +13807,14 @@ private:
     bool steal_half(int64_t home, int active) {
         for (;;) {
             int victim = -1;
-            int64_t most = 0;
+            uint64_t span = 0;  // the victim's, as read (a stale one fails the exchange: look again)
             for (int t = 0; t < active; t++) {
                 const uint64_t s = shares_[t].span.load();
-                if (t != home && Share::back(s) - Share::front(s) > most) victim = t, most = Share::back(s) - Share::front(s);
+                if (t != home && Share::size(s) > Share::size(span)) victim = t, span = s;
             }
             if (victim < 0) return false;
-            uint64_t s = shares_[victim].span.load();
-            const int64_t f = Share::front(s), b = Share::back(s), mid = f + (b - f) / 2;
-            if (f >= b) continue;
-            if (shares_[victim].span.compare_exchange_strong(s, Share::pack(f, mid))) {
+            const int64_t f = Share::front(span), b = Share::back(span), mid = f + (b - f) / 2;
+            if (shares_[victim].span.compare_exchange_strong(span, Share::pack(f, mid))) {
                 shares_[home].span.store(Share::pack(mid, b));
                 return true;
             }
