@@ -4617,11 +4617,11 @@ template <class Rows>
 std::array<Tile16Fn, 4> avx2_tiles_of() {
     return {tile16_avx2<Rows, 1>, tile16_avx2<Rows, 2>, tile16_avx2<Rows, 4>, tile16_avx2<Rows, 8>};
 }
-// The AVX2 tiles: RowsNta (the same rows on OpsAVX2Nta) on Zen 2 and older, Rows (on OpsAVX2) elsewhere
-// (the K16 tiles on later AMD CPUs take OpsAVX2Near instead, see prefetch_near).
-template <class Rows, class RowsNta>
+// The AVX2 tiles: RowsNta (the same rows on OpsAVX2Nta) on Zen 2 and older, RowsNear on later AMD CPUs
+// (the K16 tiles on OpsAVX2Near, see prefetch_near; the others keep Rows), Rows (on OpsAVX2) elsewhere.
+template <class Rows, class RowsNta, class RowsNear = Rows>
 std::array<Tile16Fn, 4> avx2_tiles() {
-    return cpu().zen2 ? avx2_tiles_of<RowsNta>() : avx2_tiles_of<Rows>();
+    return cpu().zen2 ? avx2_tiles_of<RowsNta>() : cpu().amd ? avx2_tiles_of<RowsNear>() : avx2_tiles_of<Rows>();
 }
 template <class Rows>
 std::array<Tile16Fn, 4> avxvnni_tiles() {
@@ -4664,8 +4664,7 @@ InterleavedType interleaved_k16() {
     return {false, interleave_group<X, G, In>, deinterleave_group<X, G, Out>,
 #ifdef LLM_X86
             cpu().amd ? k16_tiles<I16Of<G>, true>() : k16_tiles<I16Of<G>, false>(),
-            cpu().amd && !cpu().zen2 ? avx2_tiles_of<RowsK16<I16Of<G>, OpsAVX2Near>>()
-                                     : avx2_tiles<RowsK16<I16Of<G>, OpsAVX2>, RowsK16<I16Of<G>, OpsAVX2Nta>>(),
+            avx2_tiles<RowsK16<I16Of<G>, OpsAVX2>, RowsK16<I16Of<G>, OpsAVX2Nta>, RowsK16<I16Of<G>, OpsAVX2Near>>(),
             avxvnni_tiles<RowsK16<I16Of<G>, OpsAVXVNNI>>()};
 #else
             {}, {}, {}};
