@@ -2918,10 +2918,10 @@ constexpr int kPrefetchBytes = 8192;
 // (AVX2) and 14.3 -> 15.3 (AVX-512), Q4_1 +30-35 %, Q6_K +5 %; -t 2 tg64 Llama-1B shape 24 -> 31,
 // MoE bench 114-119 -> 139-143, Gemma 3 107 -> 119; pp512 unchanged, MoE pp8 +17 %
 // (docs/performance.md, session 15). On Zen 2 t1 was no better than t0 (session 14).
-template <size_t Bytes, int Locality = 2>
+template <size_t Bytes, int Locality = 2, int Distance = kPrefetchBytes>
 LLM_AVX2_INLINE void prefetch_ahead(const void* p) {
 #pragma GCC unroll 64
-    for (size_t o = 0; o < Bytes; o += 64) __builtin_prefetch((const char*)p + kPrefetchBytes + o, 0, Locality);
+    for (size_t o = 0; o < Bytes; o += 64) __builtin_prefetch((const char*)p + Distance + o, 0, Locality);
 }
 // Prefetches, kPrefetchBytes ahead, each line whose first byte lies in [p, p + bytes), so consecutive
 // spans prefetch every line once: the 16-value K types' sub-blocks (210 / 110 / 84 bytes for Q6_K /
@@ -3996,7 +3996,8 @@ LLM_AVX512_INLINE __m512 mins_b32(const G& B) {
     if constexpr (kHasMin<G>) return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)B.m));
     else return _mm512_setzero_ps();
 }
-template <class G, int Offset, bool Table, int NC>
+// Distance: of the weight stream's prefetch (see b32_tiles).
+template <class G, int Offset, bool Table, int NC, int Distance = kPrefetchBytes>
 LLM_AVX512VNNI_FN void tile16_b32(int64_t k, const uint8_t* W, const uint8_t* A, size_t as, const float* S, int64_t ss,
                                   const int32_t* ysum, float* out, int64_t ld) {
     using Y = std::conditional_t<kHasMin<G>, block_q8_1, block_q8_0>;
@@ -4008,7 +4009,7 @@ LLM_AVX512VNNI_FN void tile16_b32(int64_t k, const uint8_t* W, const uint8_t* A,
     for (int c = 0; c < NC; c++) acc[c] = accm[c] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const G& B = x[b];
-        prefetch_ahead<sizeof(G)>(&B);
+        prefetch_ahead<sizeof(G), 2, Distance>(&B);
         __m512i u[8];
         unpack_b32<G, Table>(B, table, u);
         const __m512 dx = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)B.d)), mx = mins_b32(B);
@@ -4627,6 +4628,17 @@ template <class Rows>
 std::array<Tile16Fn, 4> avxvnni_tiles() {
     return {tile16_avxvnni<Rows, 1>, tile16_avxvnni<Rows, 2>, tile16_avxvnni<Rows, 4>, tile16_avxvnni<Rows, 8>};
 }
+// The AVX-512 VNNI tiles of a 32-value type. On AMD, Q8_0's 1-column tile prefetches 2 KiB ahead, not
+// 8: Zen 4, SmolLM2 shape Q8_0 decode in one process, both tiles in symmetric order (ABBA), four runs
+// of 40 rounds: +3.2, +4.3, +5.4 and +4.2 %. An added prefetch 2 KiB ahead (into L1 or L2) beside
+// the 8 KiB one, or prefetching a task's first 8 KiB before it starts, were level; Q5_0 at 2 KiB lost
+// 2 %, Q4_1 was level, and the AVX2 tiles at 2 KiB lost 7 % (session 29). Zen 5 is unmeasured.
+template <class G, int Offset, bool Table>
+std::array<Tile16Fn, 4> b32_tiles() {
+    const bool near_q8_0 = kHasBytes<G> && cpu().amd;
+    return {near_q8_0 ? tile16_b32<G, Offset, Table, 1, kNearPrefetchBytes> : tile16_b32<G, Offset, Table, 1>,
+            tile16_b32<G, Offset, Table, 2>, tile16_b32<G, Offset, Table, 4>, tile16_b32<G, Offset, Table, 8>};
+}
 // The AVX-512 VNNI tiles of Q4_K / Q5_K and of the K16 types, with or without the near prefetch (on AMD).
 // On AMD, Q4_K's 1-column tile is the AVX2 one: slower in L2 (Zen 4, one thread: 34 against 41 GB/s)
 // but it streams decode's weights faster. Zen 4, two threads, alternating in one process with the
@@ -4649,8 +4661,7 @@ template <class X, class G, int Offset, bool Table>
 InterleavedType interleaved_b32() {
     return {Offset != 0, interleave_group<X, G, interleave_b32<X, G>>, deinterleave_group<X, G, deinterleave_b32<X, G>>,
 #ifdef LLM_X86
-            {tile16_b32<G, Offset, Table, 1>, tile16_b32<G, Offset, Table, 2>, tile16_b32<G, Offset, Table, 4>,
-             tile16_b32<G, Offset, Table, 8>}, avx2_tiles<RowsB32<G, Offset, Table, OpsAVX2>, RowsB32<G, Offset, Table, OpsAVX2Nta>>(),
+            b32_tiles<G, Offset, Table>(), avx2_tiles<RowsB32<G, Offset, Table, OpsAVX2>, RowsB32<G, Offset, Table, OpsAVX2Nta>>(),
             avxvnni_tiles<RowsB32<G, Offset, Table, OpsAVXVNNI>>()};
 #else
             {}, {}, {}};
