@@ -4635,8 +4635,8 @@ std::array<Tile16Fn, 4> avxvnni_tiles() {
 // 2 %, Q4_1 was level, and the AVX2 tiles at 2 KiB lost 7 % (session 29). Zen 5 is unmeasured.
 template <class G, int Offset, bool Table>
 std::array<Tile16Fn, 4> b32_tiles() {
-    const bool near_q8_0 = kHasBytes<G> && cpu().amd;
-    return {near_q8_0 ? tile16_b32<G, Offset, Table, 1, kNearPrefetchBytes> : tile16_b32<G, Offset, Table, 1>,
+    const bool short_prefetch = kHasBytes<G> && cpu().amd;  // Q8_0 on AMD: the near prefetch's distance
+    return {short_prefetch ? tile16_b32<G, Offset, Table, 1, kNearPrefetchBytes> : tile16_b32<G, Offset, Table, 1>,
             tile16_b32<G, Offset, Table, 2>, tile16_b32<G, Offset, Table, 4>, tile16_b32<G, Offset, Table, 8>};
 }
 // The AVX-512 VNNI tiles of Q4_K / Q5_K and of the K16 types, with or without the near prefetch (on AMD).
