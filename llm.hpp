@@ -15371,6 +15371,19 @@ struct Ffn {
         return routing;
     }
 
+    // An expert's input rows: its tokens' rows of xin in place where they are consecutive (MatMuls then
+    // converts a row shared by several experts once: in a decode step one conversion serves them all),
+    // else gathered into `gathered`.
+    const float* expert_input(const std::vector<std::pair<int, float>>& tokens, const float* xin, float* gathered) const {
+        const int64_t n_embd = model.hp.n_embd;
+        bool consecutive = true;
+        for (size_t u = 1; u < tokens.size(); u++) consecutive &= tokens[u].first == tokens[0].first + (int)u;
+        if (consecutive) return xin + tokens[0].first * n_embd;
+        for (size_t u = 0; u < tokens.size(); u++)
+            std::copy(xin + tokens[u].first * n_embd, xin + (tokens[u].first + 1) * n_embd, gathered + u * n_embd);
+        return gathered;
+    }
+
     // The routed experts of n tokens: route every token, run each chosen expert once over its tokens,
     // then sum each token's expert outputs by their weights. With_shared: the shared experts too, their
     // gate / up rows after the routed ones, their output in shared_out.
@@ -15387,12 +15400,10 @@ struct Ffn {
         std::vector<MatMul> jobs;
         for (int e = 0; e < n_expert; e++) {
             if (users[e].empty()) continue;
-            for (size_t u = 0; u < users[e].size(); u++) {
-                std::copy(xin + users[e][u].first * n_embd, xin + (users[e][u].first + 1) * n_embd, routed_in.data() + (first[e] + u) * n_embd);
-            }
+            const float* x = expert_input(users[e], xin, routed_in.data() + first[e] * n_embd);
             const int m = (int)users[e].size();
-            jobs.push_back({&L.gate_exp[e], routed_in.data() + first[e] * n_embd, m, gate_out.data() + first[e] * n_ff_exp});
-            jobs.push_back({&L.up_exp[e], routed_in.data() + first[e] * n_embd, m, up_out.data() + first[e] * n_ff_exp});
+            jobs.push_back({&L.gate_exp[e], x, m, gate_out.data() + first[e] * n_ff_exp});
+            jobs.push_back({&L.up_exp[e], x, m, up_out.data() + first[e] * n_ff_exp});
         }
         if (with_shared) {
             jobs.push_back({L.gate_shexp, xin, n, gate_out.data() + routed_ff});
