@@ -6,7 +6,8 @@
 // both see the same phases, round by round.
 //
 // The streaming loop is the fastest of stream-sum.hpp's loops over three first passes each (as
-// bandwidth-probe's best); the buffer asks for huge pages, as the engine's repacked weights do. The ISA tier is LLM_ISA's.
+// bandwidth-probe's best); the buffer asks for huge pages, as the engine's repacked weights do. The ISA
+// tier is LLM_ISA's.
 //
 //   g++ -O2 -std=c++17 -pthread -o build/bench-roofline scripts/bench-roofline.cpp
 //   LLM_ISA=avx2 build/bench-roofline MODEL BYTES_PER_TOKEN [THREADS] [ROUNDS] [TOKENS]
