@@ -15,45 +15,15 @@
 #define LLM_IMPLEMENTATION
 #include "../llm.hpp"
 
-#include <sys/mman.h>
-
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <thread>
 
 #include "stream-sum.hpp"
 
 namespace {
 
 double seconds() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
-
-// A buffer of `bytes` on huge pages where granted, every page touched before it is timed.
-struct StreamBuffer {
-    uint64_t* data;
-    size_t n;  // uint64_t values, a multiple of 32 per thread's share
-    explicit StreamBuffer(size_t bytes) : n(bytes / sizeof(uint64_t)) {
-        const size_t huge = 2 << 20;
-        data = (uint64_t*)aligned_alloc(huge, (bytes + huge - 1) / huge * huge);
-        if (!data) abort();
-        madvise(data, bytes, MADV_HUGEPAGE);
-        for (size_t i = 0; i < n; i++) data[i] = i;
-    }
-    ~StreamBuffer() { free(data); }
-    // GB/s of `passes` passes of `threads` threads summing disjoint parts with `loop`.
-    double gbs(const stream_sum::Loop& loop, int threads, int passes, uint64_t& check) const {
-        const double t0 = seconds();
-        for (int p = 0; p < passes; p++) {
-            std::vector<uint64_t> sums(threads * 8);  // a cache line per thread
-            std::vector<std::thread> pool;
-            for (int t = 0; t < threads; t++)
-                pool.emplace_back([&, t] { sums[t * 8] = loop.sum(data, n * t / threads / 32 * 32, n * (t + 1) / threads / 32 * 32); });
-            for (auto& th : pool) th.join();
-            for (int t = 0; t < threads; t++) check += sums[t * 8];
-        }
-        return (double)passes * (n / 32 * 32) * sizeof(uint64_t) / (seconds() - t0) / 1e9;
-    }
-};
 
 }  // namespace
 
@@ -79,7 +49,11 @@ int main(int argc, char** argv) {
     params.n_threads = threads;
     llm::Context ctx(*model, params);
 
-    const StreamBuffer buffer(512u << 20);
+    const stream_sum::Buffer buffer(512u << 20);
+    if (!buffer.data) {
+        fprintf(stderr, "bench-roofline: no memory for the streaming buffer\n");
+        return 1;
+    }
     uint64_t check = 0;
     stream_sum::Loop loop = stream_sum::available_loops()[0];
     double fastest = 0;
