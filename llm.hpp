@@ -4063,6 +4063,30 @@ LLM_AVX2_INLINE __m256i dot_runs(__m256i sum, const __m256i* u, const int8_t* y,
     }
     return sum;
 }
+// dot_runs for both halves of 16 interleaved rows and NC columns at once: for each half h and column
+// c, isum[h][c] plus the dot of the NG four-value groups Unpack::group_half(B, g0 + g, h) and the
+// column's bytes at y[c] + 4g, in int16 runs of Run groups scaled by scale16[h]. Group-major: a group's
+// two halves are unpacked once and multiplied by one broadcast of each column's bytes, so the loads are
+// half of a half-at-a-time kernel's (which they bound, with one broadcast per vpmaddubsw) and the
+// 2 x NC chains of adds interleave.
+template <class Ops, class Unpack, int NC, int NG, int Run, class G>
+LLM_AVX2_INLINE void dot_runs_rows16(__m256i (*isum)[NC], const G& B, int g0, const int8_t* const* y, const __m256i* scale16) {
+    __m256i run[2][NC];
+#pragma GCC unroll 8
+    for (int g = 0; g < NG; g++) {
+        const __m256i u[2] = {Unpack::group_half(B, g0 + g, 0), Unpack::group_half(B, g0 + g, 1)};
+#pragma GCC unroll 4
+        for (int c = 0; c < NC; c++) {
+            const __m256i yg = _mm256_set1_epi32((int)load_u32((const uint8_t*)y[c] + 4 * g));
+#pragma GCC unroll 2
+            for (int h = 0; h < 2; h++) {
+                const __m256i p = _mm256_maddubs_epi16(u[h], yg);
+                run[h][c] = g % Run == 0 ? p : in_order(_mm256_add_epi16(run[h][c], p));
+                if (g % Run == Run - 1 || g == NG - 1) isum[h][c] = Ops::madd_add(isum[h][c], run[h][c], scale16[h]);
+            }
+        }
+    }
+}
 // The same unscaled sum on the AVX-VNNI tier (vpdpbusd: exact in int32 for unsigned u up to 255), in
 // two chains so that one column's decode is not bound by the instruction's latency.
 template <class Ops, int N>
@@ -4105,6 +4129,10 @@ LLM_AVX2_INLINE __m256i dot_signed(const __m256i* w, const __m256i* w_abs, const
 // Columns up to which a kernel takes both halves in one pass (RowsQ45K: all, see there).
 template <class Rows>
 constexpr int kBothHalvesColumns = 2;
+// Whether a kernel has run_rows16, which takes every tile (both halves group by group, up to 4 columns
+// a pass; AVX2's Q4_K and Q5_K).
+template <class Rows>
+constexpr bool kRows16 = false;
 // Each kernel below computes NC columns for the NH halves from h0: up to kBothHalvesColumns columns
 // both halves in one pass over the group (run), with more a pass per half, the second from cache; up to
 // Rows::kGroupMajorColumns columns group-major (run_half: 4-column tiles 1.04-1.18x faster, equal at 8;
@@ -4112,7 +4140,10 @@ constexpr int kBothHalvesColumns = 2;
 template <class Rows, int NC>
 LLM_AVX2_INLINE void tile16_halves(int64_t k, const uint8_t* W, const uint8_t* A, size_t as, const float* S, int64_t ss,
                                    const int32_t* ysum, float* out, int64_t ld) {
-    if constexpr (NC <= kBothHalvesColumns<Rows>) Rows::template run<NC, 2>(k, W, A, as, S, ss, ysum, out, ld, 0);
+    if constexpr (kRows16<Rows>) {
+        constexpr int kPass = NC < 4 ? NC : 4;
+        for (int c0 = 0; c0 < NC; c0 += kPass) Rows::template run_rows16<kPass>(k, W, A + c0 * as, as, out + c0 * ld, ld);
+    } else if constexpr (NC <= kBothHalvesColumns<Rows>) Rows::template run<NC, 2>(k, W, A, as, S, ss, ysum, out, ld, 0);
     else if constexpr (NC <= Rows::kGroupMajorColumns)
         for (int h = 0; h < 2; h++) Rows::template run_half<NC>(k, W, A, as, S, ss, ysum, out, ld, h);
     else for (int h = 0; h < 2; h++) Rows::template run<NC, 1>(k, W, A, as, S, ss, ysum, out, ld, h);
@@ -4362,7 +4393,8 @@ struct RowsB32 {
     }
 };
 
-// tile16_q45_K on AVX2 (AVX-VNNI: each sub-block's exact dot times its scale by vpdpwssd, Q5_K's by vpmulld).
+// tile16_q45_K on AVX2 (run_rows16) and AVX-VNNI (run: each sub-block's exact dot times its scale by
+// vpdpwssd, Q5_K's by vpmulld).
 template <class G, class Ops>
 struct RowsQ45K {
     static constexpr int kGroupMajorColumns = 0;
@@ -4380,21 +4412,23 @@ struct RowsQ45K {
                                                4, -1, 4, -1, 5, -1, 5, -1, 6, -1, 6, -1, 7, -1, 7, -1);
         return _mm256_shuffle_epi8(_mm256_set1_epi64x((int64_t)eight), twice);
     }
-    template <int NC, int NH>
-    static LLM_AVX2_INLINE void run(int64_t k, const uint8_t* W, const uint8_t* A, size_t as, const float*, int64_t, const int32_t*,
-                                    float* out, int64_t ld, int h0) {
-        const int64_t nb = k / QK_K;
-        const G* x = (const G*)W;
-        RowsAcc<NH, NC> acc;
-        acc.clear();
-        for (int64_t b = 0; b < nb; b++) {
-            const G& B = x[b];
-            alignas(32) uint8_t sc[128], mn[128];
+    // Four-value group g (0..63) of rows 8h..8h+7: sub-block g / 8, values 4i..4i+3 (i = g % 8).
+    static LLM_AVX2_INLINE __m256i group_half(const G& B, int g, int h) {
+        const unsigned sb = (unsigned)g / 8, i = (unsigned)g % 8;  // g >= 0: shifts, not signed division
+        const __m256i v = shr_mask(load256(B.qs[sb][i % 4] + 32 * h), 4 * (i / 4), 0x0F);
+        if constexpr (!kHasHigh<G>) return v;
+        else return _mm256_or_si256(v, _mm256_and_si256(mask_half(B.qh[sb][i], h), _mm256_set1_epi8(16)));
+    }
+    // A block's scales and mins (unpack6's) and its NC columns with, per column, the sums of 32 values
+    // per sub-block, two sub-blocks per 32-bit word (both halves').
+    template <int NC>
+    struct Block {
+        alignas(32) uint8_t sc[128], mn[128];
+        alignas(16) int32_t pair[NC][4];
+        const block_q8_K* y[NC];
+        LLM_AVX2_INLINE Block(const G& B, const uint8_t* A, size_t as, int64_t b) {
             unpack6<128>(B.scales_lo, B.hi, 0, sc);
             unpack6<128>(B.mins_lo, B.hi, 4, mn);
-            const block_q8_K* y[NC];
-            // per column the sums of 32 values per sub-block, two sub-blocks per 32-bit word (both halves')
-            alignas(16) int32_t pair[NC][4];
 #pragma GCC unroll 8
             for (int c = 0; c < NC; c++) {
                 y[c] = (const block_q8_K*)(A + c * as) + b;
@@ -4404,6 +4438,36 @@ struct RowsQ45K {
             // read back from memory: broadcasts of stored words are loads, where GCC would otherwise keep
             // each column's words in a register and spread them with two shuffles each
             __asm__("" : : "r"(pair) : "memory");
+        }
+        // Half h's float step for the columns: d_x * d_y times the scaled dots isum, the mins times the
+        // pair sums (dmin_x * d_y) into the min sums.
+        LLM_AVX2_INLINE void accumulate(const G& B, int h, const __m256i* isum, __m256* sum, __m256* min) const {
+            const __m256 dx = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(B.d + 8 * h)));
+            const __m256 mx = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(B.dmin + 8 * h)));
+            __m256i mins16[4];  // the rows' mins of sub-blocks 2p, 2p + 1 as int16 pairs
+#pragma GCC unroll 4
+            for (int p = 0; p < 4; p++) mins16[p] = _mm256_cvtepu8_epi16(_mm_load_si128((const __m128i*)(mn + 32 * p + 16 * h)));
+#pragma GCC unroll 8
+            for (int c = 0; c < NC; c++) {
+                __m256i msum = _mm256_setzero_si256();
+#pragma GCC unroll 4
+                for (int p = 0; p < 4; p++) msum = Ops::madd_add(msum, mins16[p], _mm256_set1_epi32(pair[c][p]));
+                const __m256 yd = _mm256_set1_ps(y[c]->d);
+                sum[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[c]), _mm256_mul_ps(dx, yd), sum[c]);
+                min[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(msum), _mm256_mul_ps(mx, yd), min[c]);
+            }
+        }
+    };
+    template <int NC, int NH>
+    static LLM_AVX2_INLINE void run(int64_t k, const uint8_t* W, const uint8_t* A, size_t as, const float*, int64_t, const int32_t*,
+                                    float* out, int64_t ld, int h0) {
+        const int64_t nb = k / QK_K;
+        const G* x = (const G*)W;
+        RowsAcc<NH, NC> acc;
+        acc.clear();
+        for (int64_t b = 0; b < nb; b++) {
+            const G& B = x[b];
+            const Block<NC> blk(B, A, as, b);
 #pragma GCC unroll 2
             for (int hh = 0; hh < NH; hh++) {
                 const int h = h0 + hh;
@@ -4417,50 +4481,58 @@ struct RowsQ45K {
                     // same for Q6_K's RowsK16 measured level (docs/performance.md, session 20).
                     prefetch_ahead<sizeof(G) / (8 * NH), Ops::kLocality>((const char*)&B + (8 * hh + sb) * (sizeof(G) / (8 * NH)));
                     __m256i u[8];  // values 4i..4i+3 of the sub-block
-#pragma GCC unroll 4
-                    for (int ch = 0; ch < 4; ch++) {
-                        const __m256i q = load256(B.qs[sb][ch] + 32 * h);
-                        u[ch] = _mm256_and_si256(q, _mm256_set1_epi8(0x0F));
-                        u[ch + 4] = shr_mask(q, 4, 0x0F);
-                        if constexpr (kHasHigh<G>) {
-                            u[ch] = _mm256_or_si256(u[ch], _mm256_and_si256(mask_half(B.qh[sb][ch], h), _mm256_set1_epi8(16)));
-                            u[ch + 4] = _mm256_or_si256(u[ch + 4], _mm256_and_si256(mask_half(B.qh[sb][ch + 4], h), _mm256_set1_epi8(16)));
-                        }
-                    }
-                    const __m256i scale = scales_half(sc, sb, h);
+#pragma GCC unroll 8
+                    for (int i = 0; i < 8; i++) u[i] = group_half(B, 8 * sb + i, h);
+                    const __m256i scale = scales_half(blk.sc, sb, h);
 #pragma GCC unroll 8
                     for (int c = 0; c < NC; c++) {
                         if constexpr (kMulDot)
-                            isum[c] = _mm256_add_epi32(isum[c], _mm256_mullo_epi32(dot_bytes<Ops, 8>(u, y[c]->qs + 32 * sb), scale));
-                        else if constexpr (Ops::kVnni)
-                            isum[c] = dot_halves_scaled<Ops>(isum[c], u, y[c]->qs + 32 * sb, scale);
+                            isum[c] = _mm256_add_epi32(isum[c], _mm256_mullo_epi32(dot_bytes<Ops, 8>(u, blk.y[c]->qs + 32 * sb), scale));
                         else
-                            isum[c] = dot_runs<Ops, 8, safe_run(kHasHigh<G> ? 31 : 15)>(isum[c], u, y[c]->qs + 32 * sb, scale);
+                            isum[c] = dot_halves_scaled<Ops>(isum[c], u, blk.y[c]->qs + 32 * sb, scale);
                     }
                 }
-                const __m256 dx = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(B.d + 8 * h)));
-                const __m256 mx = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(B.dmin + 8 * h)));
-                __m256i mins16[4];  // the rows' mins of sub-blocks 2p, 2p + 1 as int16 pairs
-#pragma GCC unroll 4
-                for (int p = 0; p < 4; p++) mins16[p] = _mm256_cvtepu8_epi16(_mm_load_si128((const __m128i*)(mn + 32 * p + 16 * h)));
-#pragma GCC unroll 8
-                for (int c = 0; c < NC; c++) {
-                    __m256i msum = _mm256_setzero_si256();
-#pragma GCC unroll 4
-                    for (int p = 0; p < 4; p++) msum = Ops::madd_add(msum, mins16[p], _mm256_set1_epi32(pair[c][p]));
-                    const __m256 yd = _mm256_set1_ps(y[c]->d);
-                    acc.sum[hh][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[c]), _mm256_mul_ps(dx, yd), acc.sum[hh][c]);
-                    acc.min[hh][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(msum), _mm256_mul_ps(mx, yd), acc.min[hh][c]);
-                }
+                blk.accumulate(B, h, isum, acc.sum[hh], acc.min[hh]);
             }
         }
         acc.template store<true>(out, ld, h0);
     }
+    // AVX2: both halves group by group (dot_runs_rows16), NC <= 4 columns. Zen 4, one thread, weights
+    // in L2, alternating with run: Q4_K 1-8 columns +15-20 %, Q5_K 1-4 columns +7-15 %, 8 level. The
+    // 16-value K-quants (RowsK16) lost 5-25 % so: their unpacking takes more per group, and run_rows16
+    // shares it among 4 columns where their run shares it among 8.
+    template <int NC>
+    static LLM_AVX2_INLINE void run_rows16(int64_t k, const uint8_t* W, const uint8_t* A, size_t as, float* out, int64_t ld) {
+        const int64_t nb = k / QK_K;
+        const G* x = (const G*)W;
+        RowsAcc<2, NC> acc;
+        acc.clear();
+        for (int64_t b = 0; b < nb; b++) {
+            const G& B = x[b];
+            const Block<NC> blk(B, A, as, b);
+            __m256i isum[2][NC];
+#pragma GCC unroll 8
+            for (int c = 0; c < NC; c++) isum[0][c] = isum[1][c] = _mm256_setzero_si256();
+            for (int sb = 0; sb < 8; sb++) {
+                prefetch_ahead<sizeof(G) / 8, Ops::kLocality>((const char*)&B + sb * (sizeof(G) / 8));
+                const __m256i scale16[2] = {scales_half(blk.sc, sb, 0), scales_half(blk.sc, sb, 1)};
+                const int8_t* ys[NC];
+#pragma GCC unroll 4
+                for (int c = 0; c < NC; c++) ys[c] = blk.y[c]->qs + 32 * sb;
+                dot_runs_rows16<Ops, RowsQ45K, NC, 8, safe_run(kHasHigh<G> ? 31 : 15)>(isum, B, 8 * sb, ys, scale16);
+            }
+#pragma GCC unroll 2
+            for (int h = 0; h < 2; h++) blk.accumulate(B, h, isum[h], acc.sum[h], acc.min[h]);
+        }
+        acc.template store<true>(out, ld, 0);
+    }
 };
-// Every tile both halves in one pass: the group's weights stream evenly (a pass per half reads them all
-// in the first and leaves memory idle in the second), and each block's scales, mins and column pair
-// sums are unpacked once, not once per half (8 columns: Llama-3.2-1B shape pp512 +2-3 %, requantized
-// to Q5_K_M +3-5 %; docs/performance.md, session 25).
+template <class G, class Ops>
+constexpr bool kRows16<RowsQ45K<G, Ops>> = !Ops::kVnni;
+// AVX-VNNI's run: every tile both halves in one pass: the group's weights stream evenly (a pass per
+// half reads them all in the first and leaves memory idle in the second), and each block's scales,
+// mins and column pair sums are unpacked once, not once per half (measured when AVX2 ran it too, 8
+// columns: Llama-3.2-1B shape pp512 +2-3 %, requantized to Q5_K_M +3-5 %; docs/performance.md, session 25).
 template <class G, class Ops>
 constexpr int kBothHalvesColumns<RowsQ45K<G, Ops>> = 8;
 
