@@ -4142,7 +4142,8 @@ LLM_AVX2_INLINE void tile16_halves(int64_t k, const uint8_t* W, const uint8_t* A
                                    const int32_t* ysum, float* out, int64_t ld) {
     if constexpr (kRows16<Rows>) {
         constexpr int kPass = NC < 4 ? NC : 4;
-        for (int c0 = 0; c0 < NC; c0 += kPass) Rows::template run_rows16<kPass>(k, W, A + c0 * as, as, out + c0 * ld, ld);
+        for (int c0 = 0; c0 < NC; c0 += kPass)
+            Rows::template run_rows16<kPass>(k, W, A + c0 * as, as, S + c0 * ss, ss, ysum ? ysum + c0 * (k / 32) : nullptr, out + c0 * ld, ld);
     } else if constexpr (NC <= kBothHalvesColumns<Rows>) Rows::template run<NC, 2>(k, W, A, as, S, ss, ysum, out, ld, 0);
     else if constexpr (NC <= Rows::kGroupMajorColumns)
         for (int h = 0; h < 2; h++) Rows::template run_half<NC>(k, W, A, as, S, ss, ysum, out, ld, h);
@@ -4254,51 +4255,42 @@ struct RowsB32 {
 #pragma GCC unroll 8
         for (int c = 0; c < NC; c++) _mm256_storeu_ps(out + c * ld + 8 * h, _mm256_add_ps(acc[c], mins[c]));
     }
-    // Both halves of few columns (decode) on AVX2 for Q5_0 / Q5_1: group by group, each unpacked with
-    // its fifth bits in registers and multiplied into every column's int16 run (4-7 % fewer
-    // instructions than run). The other types do better in run: Q4_0 / Q4_1 1.1-1.2x at 2 columns,
-    // Q8_0 / IQ4_NL (the sign path, where this once split y into nibbles) 11-23 % fewer instructions
-    // and 1.4x at 2 columns (docs/performance.md, session 21).
+    static LLM_AVX2_INLINE __m256i group_half(const G& B, int g, int h) {  // (no table: dot_runs_rows16's)
+        static_assert(!Table);
+        return group_half(B, g, h, _mm256_setzero_si256());
+    }
+    // AVX2, the unsigned types: both halves group by group (dot_runs_rows16), NC <= 4 columns, each
+    // block's exact dot then the same float steps as run. Zen 4, one thread, weights in L2, two runs
+    // each, against run (run_half at 4 columns; Q5_0 / Q5_1 at 1-2 columns against a group-by-group
+    // kernel of one half at a time): Q4_0 / Q4_1 1, 2, 4, 8 columns +11, +33, +16, +28 %; Q5_0 / Q5_1
+    // +6, +16, +13, +10 %.
     template <int NC>
-    static LLM_AVX2_INLINE void run_few(int64_t k, const uint8_t* W, const uint8_t* A, size_t as, const float* S, int64_t ss,
-                                        const int32_t* ysum, float* out, int64_t ld) {
-        static_assert(kHasHigh<G> && !Table);
+    static LLM_AVX2_INLINE void run_rows16(int64_t k, const uint8_t* W, const uint8_t* A, size_t as, const float* S, int64_t ss,
+                                           const int32_t* ysum, float* out, int64_t ld) {
         using Y = std::conditional_t<kHasMin<G>, block_q8_1, block_q8_0>;
-        constexpr int kRun = safe_run(31);
         const int64_t nb = k / 32;
         const G* x = (const G*)W;
-        const __m256i ones = _mm256_set1_epi16(1);
+        const __m256i ones[2] = {_mm256_set1_epi16(1), _mm256_set1_epi16(1)};
         RowsAcc<2, NC> acc;
         acc.clear();
         for (int64_t b = 0; b < nb; b++) {
             const G& B = x[b];
             prefetch_ahead<sizeof(G), Ops::kLocality>(&B);
+            const int8_t* ys[NC];
+            __m256i dot[2][NC];
+#pragma GCC unroll 4
+            for (int c = 0; c < NC; c++) ys[c] = ((const Y*)(A + c * as))[b].qs, dot[0][c] = dot[1][c] = _mm256_setzero_si256();
+            dot_runs_rows16<Ops, RowsB32, NC, 8, safe_run(kHasHigh<G> ? 31 : 15)>(dot, B, 0, ys, ones);
 #pragma GCC unroll 2
             for (int h = 0; h < 2; h++) {
-                __m256i run[NC], sum[NC];  // int16 runs and int32 sums
-#pragma GCC unroll 8
-                for (int g = 0; g < 8; g++) {
-                    const __m256i u = group_half(B, g, h, _mm256_setzero_si256());  // (no table)
-#pragma GCC unroll 8
-                    for (int c = 0; c < NC; c++) {
-                        const uint8_t* yg = (const uint8_t*)((const Y*)(A + c * as))[b].qs + 4 * g;
-                        const __m256i p = _mm256_maddubs_epi16(u, _mm256_set1_epi32((int)load_u32(yg)));
-                        run[c] = g % kRun == 0 ? p : _mm256_add_epi16(run[c], p);
-                        if (g % kRun == kRun - 1 || g == 7) {
-                            const __m256i part = _mm256_madd_epi16(run[c], ones);
-                            sum[c] = g < kRun ? part : _mm256_add_epi32(sum[c], part);
-                        }
-                    }
-                }
                 const __m256 dx = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(B.d + 8 * h)));
-#pragma GCC unroll 8
+#pragma GCC unroll 4
                 for (int c = 0; c < NC; c++) {
-                    __m256i dot = sum[c];
-                    if constexpr (Offset != 0) dot = _mm256_sub_epi32(dot, _mm256_set1_epi32(Offset * ysum[c * nb + b]));
-                    acc.sum[h][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(dx, _mm256_set1_ps(S[c * ss + b])), acc.sum[h][c]);
+                    if constexpr (Offset != 0) dot[h][c] = _mm256_sub_epi32(dot[h][c], _mm256_set1_epi32(Offset * ysum[c * nb + b]));
+                    acc.sum[h][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[h][c]), _mm256_mul_ps(dx, _mm256_set1_ps(S[c * ss + b])), acc.sum[h][c]);
                     if constexpr (kHasMin<G>)
                         acc.min[h][c] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(B.m + 8 * h))),
-                                                        _mm256_set1_ps(S[c * ss + nb + b]), acc.min[h][c]);
+                                                       _mm256_set1_ps(S[c * ss + nb + b]), acc.min[h][c]);
                 }
             }
         }
@@ -4337,7 +4329,6 @@ struct RowsB32 {
                                     const int32_t* ysum, float* out, int64_t ld, int h0) {
         using Y = std::conditional_t<kHasMin<G>, block_q8_1, block_q8_0>;
         const int64_t nb = k / 32;
-        if constexpr (NH == 2 && !Ops::kVnni && kHasHigh<G>) return run_few<NC>(k, W, A, as, S, ss, ysum, out, ld);
         const G* x = (const G*)W;
         alignas(16) uint8_t values[16];  // IQ4_NL's table, + Offset where the values stay unsigned
         for (int i = 0; i < 16; i++) values[i] = (uint8_t)(kIQ4NLValues[i] + (kSigned ? 0 : Offset));
@@ -4392,6 +4383,9 @@ struct RowsB32 {
         acc.template store<false>(out, ld, h0);
     }
 };
+
+template <class G, int Offset, bool Table, class Ops>
+constexpr bool kRows16<RowsB32<G, Offset, Table, Ops>> = !Ops::kVnni && !Table && Offset != 128;
 
 // tile16_q45_K on AVX2 (run_rows16) and AVX-VNNI (run: each sub-block's exact dot times its scale by
 // vpdpwssd, Q5_K's by vpmulld).
@@ -4502,7 +4496,8 @@ struct RowsQ45K {
     // 16-value K-quants (RowsK16) lost 5-25 % so: their unpacking takes more per group, and run_rows16
     // shares it among 4 columns where their run shares it among 8.
     template <int NC>
-    static LLM_AVX2_INLINE void run_rows16(int64_t k, const uint8_t* W, const uint8_t* A, size_t as, float* out, int64_t ld) {
+    static LLM_AVX2_INLINE void run_rows16(int64_t k, const uint8_t* W, const uint8_t* A, size_t as, const float*, int64_t, const int32_t*,
+                                           float* out, int64_t ld) {
         const int64_t nb = k / QK_K;
         const G* x = (const G*)W;
         RowsAcc<2, NC> acc;
