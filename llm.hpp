@@ -4055,7 +4055,6 @@ LLM_AVX2_INLINE __m256i dot_runs(__m256i sum, const __m256i* u, const int8_t* y,
 #pragma GCC unroll 8
     for (int i = 0; i < N; i++) {
         run = _mm256_add_epi16(run, _mm256_maddubs_epi16(u[i], _mm256_set1_epi32((int)load_u32((const uint8_t*)y + 4 * i))));
-        if constexpr (N == 8) run = in_order(run);  // a 32-value block's run (the K16 tiles' four groups fare better left alone)
         if ((i + 1) % Run == 0 || i == N - 1) {
             sum = Ops::madd_add(sum, run, scale16);
             run = _mm256_setzero_si256();
@@ -4181,7 +4180,8 @@ struct RowsAcc {
 // tile16_b32 on AVX2 (AVX-VNNI: the stored unsigned bytes u = value + Offset against y, as AVX-512).
 template <class G, int Offset, bool Table, class Ops>
 struct RowsB32 {
-    // run_half's byte products are AVX2's (vpmaddubsw runs), so the AVX-VNNI tiles use run throughout.
+    // AVX2: the unsigned types take run_rows16 at every column count (kRows16), the signed ones run_half
+    // up to 4 columns and run beyond; AVX-VNNI takes run throughout.
     static constexpr int kGroupMajorColumns = Ops::kVnni ? 0 : 4;
     static constexpr bool kSigned = Offset == 128 && !Ops::kVnni;  // |w| times y with w's sign
     // Four-value group g (0..7) of half h of a block: the values as signed bytes (signed types) or
@@ -4194,16 +4194,14 @@ struct RowsB32 {
         if constexpr (Table) v = _mm256_shuffle_epi8(table, v);
         return v;
     }
-    // Rows 8h..8h+7 times NC columns, group-major: each four-value group is unpacked once and
-    // multiplied into every column's int16 run (int32 sum for the signed types) before the next, so
-    // only one group, the columns' runs, sums and float accumulators are live. The same exact block
-    // sums and float steps as run (and the AVX-512 kernel); the min terms of the affine types, a
-    // float sum of their own, in a second short loop over the blocks.
+    // The signed types on AVX2, rows 8h..8h+7 times NC columns, group-major: each four-value group is
+    // unpacked once and multiplied into every column's int32 sum before the next, so only one group,
+    // the columns' sums and float accumulators are live. The same exact block sums and float steps as
+    // run (and the AVX-512 kernel).
     template <int NC>
     static LLM_AVX2_INLINE void run_half(int64_t k, const uint8_t* W, const uint8_t* A, size_t as, const float* S, int64_t ss,
-                                         const int32_t* ysum, float* out, int64_t ld, int h) {
-        using Y = std::conditional_t<kHasMin<G>, block_q8_1, block_q8_0>;
-        constexpr int kRun = safe_run(kHasHigh<G> ? 31 : 15);
+                                         const int32_t*, float* out, int64_t ld, int h) {
+        static_assert(kSigned);
         const int64_t nb = k / 32;
         const G* x = (const G*)W;
         const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)kIQ4NLValues));
@@ -4215,45 +4213,25 @@ struct RowsB32 {
             const G& B = x[b];
             if (h == 0) prefetch_ahead<sizeof(G), Ops::kLocality>(&B);
             const int8_t* yq[NC];
-            __m256i sum[NC], run[NC];
+            __m256i sum[NC];
 #pragma GCC unroll 8
-            for (int c = 0; c < NC; c++) yq[c] = ((const Y*)(A + c * as))[b].qs, sum[c] = run[c] = _mm256_setzero_si256();
+            for (int c = 0; c < NC; c++) yq[c] = ((const block_q8_0*)(A + c * as))[b].qs, sum[c] = _mm256_setzero_si256();
 #pragma GCC unroll 8
             for (int g = 0; g < 8; g++) {
-                const __m256i v = group_half(B, g, h, table);
-                const __m256i u = kSigned ? _mm256_abs_epi8(v) : v;
+                const __m256i v = group_half(B, g, h, table), u = _mm256_abs_epi8(v);
 #pragma GCC unroll 8
                 for (int c = 0; c < NC; c++) {
                     const __m256i yg = _mm256_set1_epi32((int)load_u32((const uint8_t*)yq[c] + 4 * g));
-                    if constexpr (kSigned) {
-                        sum[c] = in_order(_mm256_add_epi32(sum[c], _mm256_madd_epi16(_mm256_maddubs_epi16(u, _mm256_sign_epi8(yg, v)), ones)));
-                    } else {
-                        run[c] = in_order(_mm256_add_epi16(run[c], _mm256_maddubs_epi16(u, yg)));
-                        if ((g + 1) % kRun == 0 || g == 7) {
-                            sum[c] = _mm256_add_epi32(sum[c], _mm256_madd_epi16(run[c], ones));
-                            run[c] = _mm256_setzero_si256();
-                        }
-                    }
+                    sum[c] = in_order(_mm256_add_epi32(sum[c], _mm256_madd_epi16(_mm256_maddubs_epi16(u, _mm256_sign_epi8(yg, v)), ones)));
                 }
             }
             const __m256 dx = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(B.d + 8 * h)));
 #pragma GCC unroll 8
-            for (int c = 0; c < NC; c++) {
-                if constexpr (Offset != 0 && !kSigned) sum[c] = _mm256_sub_epi32(sum[c], _mm256_set1_epi32(Offset * ysum[c * nb + b]));
+            for (int c = 0; c < NC; c++)
                 acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[c]), _mm256_mul_ps(dx, _mm256_set1_ps(S[c * ss + b])), acc[c]);
-            }
         }
-        __m256 mins[NC];
 #pragma GCC unroll 8
-        for (int c = 0; c < NC; c++) mins[c] = _mm256_setzero_ps();
-        if constexpr (kHasMin<G>)
-            for (int64_t b = 0; b < nb; b++) {
-                const __m256 mx = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(x[b].m + 8 * h)));
-#pragma GCC unroll 8
-                for (int c = 0; c < NC; c++) mins[c] = _mm256_fmadd_ps(mx, _mm256_set1_ps(S[c * ss + nb + b]), mins[c]);
-            }
-#pragma GCC unroll 8
-        for (int c = 0; c < NC; c++) _mm256_storeu_ps(out + c * ld + 8 * h, _mm256_add_ps(acc[c], mins[c]));
+        for (int c = 0; c < NC; c++) _mm256_storeu_ps(out + c * ld + 8 * h, acc[c]);
     }
     static LLM_AVX2_INLINE __m256i group_half(const G& B, int g, int h) {  // (no table: dot_runs_rows16's)
         static_assert(!Table);
@@ -4343,40 +4321,38 @@ struct RowsB32 {
                 const int h = h0 + hh;
                 if constexpr (kSigned) {
                     signed_half<NC>(B, b, A, as, S, ss, table, h, acc.sum[hh]);
-                    continue;
-                }
-                __m256i u[8];
-                if constexpr (kHasBytes<G>) {
+                } else {  // AVX-VNNI (AVX2 takes the unsigned types by run_rows16)
+                    __m256i u[8];
+                    if constexpr (kHasBytes<G>) {
 #pragma GCC unroll 8
-                    for (int i = 0; i < 8; i++) u[i] = load256(B.qs[i] + 32 * h);
-                } else {
+                        for (int i = 0; i < 8; i++) u[i] = load256(B.qs[i] + 32 * h);
+                    } else {
 #pragma GCC unroll 4  // rolled, GCC sent the eight groups through the stack (Zen 2: 5-12 % of the tile)
-                    for (int c = 0; c < 4; c++) {
-                        const __m256i q = load256(B.qs[c] + 32 * h);
-                        u[c] = _mm256_and_si256(q, _mm256_set1_epi8(0x0F));
-                        u[c + 4] = shr_mask(q, 4, 0x0F);
+                        for (int c = 0; c < 4; c++) {
+                            const __m256i q = load256(B.qs[c] + 32 * h);
+                            u[c] = _mm256_and_si256(q, _mm256_set1_epi8(0x0F));
+                            u[c + 4] = shr_mask(q, 4, 0x0F);
+                        }
                     }
-                }
-                if constexpr (kHasHigh<G>) {
-                    const __m256i planes = load256(B.qh + 32 * h);
+                    if constexpr (kHasHigh<G>) {
+                        const __m256i planes = load256(B.qh + 32 * h);
 #pragma GCC unroll 8  // constant shift counts
-                    for (int i = 0; i < 8; i++) u[i] = _mm256_or_si256(u[i], fifth_bits_half(planes, i));
-                }
-                if constexpr (Table)
+                        for (int i = 0; i < 8; i++) u[i] = _mm256_or_si256(u[i], fifth_bits_half(planes, i));
+                    }
+                    if constexpr (Table)
 #pragma GCC unroll 8
-                    for (int i = 0; i < 8; i++) u[i] = _mm256_shuffle_epi8(table, u[i]);
-                const __m256 dx = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(B.d + 8 * h)));
+                        for (int i = 0; i < 8; i++) u[i] = _mm256_shuffle_epi8(table, u[i]);
+                    const __m256 dx = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(B.d + 8 * h)));
 #pragma GCC unroll 8
-                for (int c = 0; c < NC; c++) {
-                    const Y& y = ((const Y*)(A + c * as))[b];
-                    __m256i dot;
-                    if constexpr (Ops::kVnni) dot = dot_bytes<Ops, 8>(u, y.qs);
-                    else dot = dot_runs<Ops, 8, safe_run(kHasHigh<G> ? 31 : 15)>(_mm256_setzero_si256(), u, y.qs, _mm256_set1_epi16(1));
-                    if constexpr (Offset != 0) dot = _mm256_sub_epi32(dot, _mm256_set1_epi32(Offset * ysum[c * nb + b]));
-                    acc.sum[hh][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(dx, _mm256_set1_ps(S[c * ss + b])), acc.sum[hh][c]);
-                    if constexpr (kHasMin<G>)
-                        acc.min[hh][c] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(B.m + 8 * h))),
-                                                      _mm256_set1_ps(S[c * ss + nb + b]), acc.min[hh][c]);
+                    for (int c = 0; c < NC; c++) {
+                        const Y& y = ((const Y*)(A + c * as))[b];
+                        __m256i dot = dot_bytes<Ops, 8>(u, y.qs);
+                        if constexpr (Offset != 0) dot = _mm256_sub_epi32(dot, _mm256_set1_epi32(Offset * ysum[c * nb + b]));
+                        acc.sum[hh][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(dx, _mm256_set1_ps(S[c * ss + b])), acc.sum[hh][c]);
+                        if constexpr (kHasMin<G>)
+                            acc.min[hh][c] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(B.m + 8 * h))),
+                                                             _mm256_set1_ps(S[c * ss + nb + b]), acc.min[hh][c]);
+                    }
                 }
             }
         }
