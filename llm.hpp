@@ -4055,6 +4055,7 @@ LLM_AVX2_INLINE __m256i dot_runs(__m256i sum, const __m256i* u, const int8_t* y,
 #pragma GCC unroll 8
     for (int i = 0; i < N; i++) {
         run = _mm256_add_epi16(run, _mm256_maddubs_epi16(u[i], _mm256_set1_epi32((int)load_u32((const uint8_t*)y + 4 * i))));
+        if constexpr (N == 8) run = in_order(run);  // a 32-value block's run (the K16 tiles' four groups fare better left alone)
         if ((i + 1) % Run == 0 || i == N - 1) {
             sum = Ops::madd_add(sum, run, scale16);
             run = _mm256_setzero_si256();
@@ -4128,10 +4129,10 @@ LLM_AVX2_INLINE __m256i dot_signed(const __m256i* w, const __m256i* w_abs, const
 // Columns up to which a kernel takes both halves in one pass (RowsQ45K: all, see there).
 template <class Rows>
 constexpr int kBothHalvesColumns = 2;
-// Whether a kernel has run_rows16, which takes every tile (both halves group by group, up to 4 columns
-// a pass; AVX2's Q4_K and Q5_K).
+// Columns up to which run_rows16 takes a kernel's tiles (both halves group by group, up to 4 columns a
+// pass; AVX2's Q4_K, Q5_K and unsigned 32-value types).
 template <class Rows>
-constexpr bool kRows16 = false;
+constexpr int kRows16Columns = 0;
 // Each kernel below computes NC columns for the NH halves from h0: up to kBothHalvesColumns columns
 // both halves in one pass over the group (run), with more a pass per half, the second from cache; up to
 // Rows::kGroupMajorColumns columns group-major (run_half: 4-column tiles 1.04-1.18x faster, equal at 8;
@@ -4139,7 +4140,7 @@ constexpr bool kRows16 = false;
 template <class Rows, int NC>
 LLM_AVX2_INLINE void tile16_halves(int64_t k, const uint8_t* W, const uint8_t* A, size_t as, const float* S, int64_t ss,
                                    const int32_t* ysum, float* out, int64_t ld) {
-    if constexpr (kRows16<Rows>) {
+    if constexpr (NC <= kRows16Columns<Rows>) {
         constexpr int kPass = NC < 4 ? NC : 4;
         for (int c0 = 0; c0 < NC; c0 += kPass)
             Rows::template run_rows16<kPass>(k, W, A + c0 * as, as, S + c0 * ss, ss, ysum ? ysum + c0 * (k / 32) : nullptr, out + c0 * ld, ld);
@@ -4180,7 +4181,7 @@ struct RowsAcc {
 // tile16_b32 on AVX2 (AVX-VNNI: the stored unsigned bytes u = value + Offset against y, as AVX-512).
 template <class G, int Offset, bool Table, class Ops>
 struct RowsB32 {
-    // AVX2: the unsigned types take run_rows16 at every column count (kRows16), the signed ones run_half
+    // AVX2: the unsigned types take run_rows16 at every column count (kRows16Columns), the signed ones run_half
     // up to 4 columns and run beyond; AVX-VNNI takes run throughout.
     static constexpr int kGroupMajorColumns = Ops::kVnni ? 0 : 4;
     static constexpr bool kSigned = Offset == 128 && !Ops::kVnni;  // |w| times y with w's sign
@@ -4361,7 +4362,7 @@ struct RowsB32 {
 };
 
 template <class G, int Offset, bool Table, class Ops>
-constexpr bool kRows16<RowsB32<G, Offset, Table, Ops>> = !Ops::kVnni && !Table && Offset != 128;
+constexpr int kRows16Columns<RowsB32<G, Offset, Table, Ops>> = !Ops::kVnni && !Table && Offset != 128 ? 8 : 0;
 
 // tile16_q45_K on AVX2 (run_rows16) and AVX-VNNI (run: each sub-block's exact dot times its scale by
 // vpdpwssd, Q5_K's by vpmulld).
@@ -4450,16 +4451,28 @@ struct RowsQ45K {
                     // (L3 here), interleaved: AVX-VNNI 1 column +11-14 %, AVX2 2 columns +7-10 %; the
                     // same for Q6_K's RowsK16 measured level (docs/performance.md, session 20).
                     prefetch_ahead<sizeof(G) / (8 * NH), Ops::kLocality>((const char*)&B + (8 * hh + sb) * (sizeof(G) / (8 * NH)));
-                    __m256i u[8];  // values 4i..4i+3 of the sub-block
-#pragma GCC unroll 8
-                    for (int i = 0; i < 8; i++) u[i] = group_half(B, 8 * sb + i, h);
+                    // values 4i..4i+3 of the sub-block, two groups from each load (eight group_half calls: Q5_K
+                    // 8 columns 10 % slower on AVX2)
+                    __m256i u[8];
+#pragma GCC unroll 4
+                    for (int ch = 0; ch < 4; ch++) {
+                        const __m256i q = load256(B.qs[sb][ch] + 32 * h);
+                        u[ch] = _mm256_and_si256(q, _mm256_set1_epi8(0x0F));
+                        u[ch + 4] = shr_mask(q, 4, 0x0F);
+                        if constexpr (kHasHigh<G>) {
+                            u[ch] = _mm256_or_si256(u[ch], _mm256_and_si256(mask_half(B.qh[sb][ch], h), _mm256_set1_epi8(16)));
+                            u[ch + 4] = _mm256_or_si256(u[ch + 4], _mm256_and_si256(mask_half(B.qh[sb][ch + 4], h), _mm256_set1_epi8(16)));
+                        }
+                    }
                     const __m256i scale = scales_half(blk.sc, sb, h);
 #pragma GCC unroll 8
                     for (int c = 0; c < NC; c++) {
                         if constexpr (kMulDot)
                             isum[c] = _mm256_add_epi32(isum[c], _mm256_mullo_epi32(dot_bytes<Ops, 8>(u, blk.y[c]->qs + 32 * sb), scale));
-                        else
+                        else if constexpr (Ops::kVnni)
                             isum[c] = dot_halves_scaled<Ops>(isum[c], u, blk.y[c]->qs + 32 * sb, scale);
+                        else  // AVX2's Q5_K at 8 columns
+                            isum[c] = dot_runs<Ops, 8, safe_run(31)>(isum[c], u, blk.y[c]->qs + 32 * sb, scale);
                     }
                 }
                 blk.accumulate(B, h, isum, acc.sum[hh], acc.min[hh]);
@@ -4468,9 +4481,10 @@ struct RowsQ45K {
         acc.template store<true>(out, ld, h0);
     }
     // AVX2: both halves group by group (dot_runs_rows16), NC <= 4 columns. Zen 4, one thread, weights
-    // in L2, alternating with run: Q4_K 1-8 columns +15-20 %, Q5_K 1-4 columns +7-15 %, 8 level. The
-    // 16-value K-quants (RowsK16) lost 5-25 % so: their unpacking takes more per group, and run_rows16
-    // shares it among 4 columns where their run shares it among 8.
+    // in L2, two runs each against run: Q4_K 1, 2, 4, 8 columns +0, +3, +10, +8 %; Q5_K 1, 2, 4 columns
+    // +14, +4, +0 % (8: -11 %, see kRows16Columns). The 16-value K-quants (RowsK16) lost 5-25 % so:
+    // their unpacking takes more per group, and run_rows16 shares it among 4 columns where their run
+    // shares it among 8.
     template <int NC>
     static LLM_AVX2_INLINE void run_rows16(int64_t k, const uint8_t* W, const uint8_t* A, size_t as, const float*, int64_t, const int32_t*,
                                            float* out, int64_t ld) {
@@ -4498,8 +4512,10 @@ struct RowsQ45K {
         acc.template store<true>(out, ld, 0);
     }
 };
+// Q5_K's 8 columns stay with run: its groups take more to unpack (the fifth bits), which run shares
+// among 8 columns and run_rows16 among 4 (8 columns -11 %, see there).
 template <class G, class Ops>
-constexpr bool kRows16<RowsQ45K<G, Ops>> = !Ops::kVnni;
+constexpr int kRows16Columns<RowsQ45K<G, Ops>> = Ops::kVnni ? 0 : kHasHigh<G> ? 4 : 8;
 // AVX-VNNI's run: every tile both halves in one pass: the group's weights stream evenly (a pass per
 // half reads them all in the first and leaves memory idle in the second), and each block's scales,
 // mins and column pair sums are unpacked once, not once per half (measured when AVX2 ran it too, 8
