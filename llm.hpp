@@ -4133,8 +4133,9 @@ constexpr int kBothHalvesColumns = 2;
 // pass; AVX2's Q4_K, Q5_K and unsigned 32-value types).
 template <class Rows>
 constexpr int kRows16Columns = 0;
-// Each kernel below computes NC columns for the NH halves from h0: up to kBothHalvesColumns columns
-// both halves in one pass over the group (run), with more a pass per half, the second from cache; up to
+// Each kernel below computes NC columns for the NH halves from h0: up to kRows16Columns columns by
+// run_rows16 (both halves group by group, in passes of up to 4 columns); else up to kBothHalvesColumns
+// columns both halves in one pass over the group (run), with more a pass per half, the second from cache; up to
 // Rows::kGroupMajorColumns columns group-major (run_half: 4-column tiles 1.04-1.18x faster, equal at 8;
 // docs/performance.md, round 10). Its Ops (OpsAVX2 or OpsAVXVNNI) give the byte products.
 template <class Rows, int NC>
