@@ -4365,8 +4365,8 @@ struct RowsB32 {
 template <class G, int Offset, bool Table, class Ops>
 constexpr int kRows16Columns<RowsB32<G, Offset, Table, Ops>> = !Ops::kVnni && !Table && Offset != 128 ? 8 : 0;
 
-// tile16_q45_K on AVX2 (run_rows16) and AVX-VNNI (run: each sub-block's exact dot times its scale by
-// vpdpwssd, Q5_K's by vpmulld).
+// tile16_q45_K on AVX2 (run_rows16; Q5_K's 8 columns run) and AVX-VNNI (run: each sub-block's exact
+// dot times its scale by vpdpwssd, Q5_K's by vpmulld).
 template <class G, class Ops>
 struct RowsQ45K {
     static constexpr int kGroupMajorColumns = 0;
@@ -4517,7 +4517,7 @@ struct RowsQ45K {
 // among 8 columns and run_rows16 among 4 (8 columns -11 %, see there).
 template <class G, class Ops>
 constexpr int kRows16Columns<RowsQ45K<G, Ops>> = Ops::kVnni ? 0 : kHasHigh<G> ? 4 : 8;
-// AVX-VNNI's run: every tile both halves in one pass: the group's weights stream evenly (a pass per
+// run (AVX-VNNI, and AVX2's Q5_K at 8 columns): every tile both halves in one pass: the group's weights stream evenly (a pass per
 // half reads them all in the first and leaves memory idle in the second), and each block's scales,
 // mins and column pair sums are unpacked once, not once per half (measured when AVX2 ran it too, 8
 // columns: Llama-3.2-1B shape pp512 +2-3 %, requantized to Q5_K_M +3-5 %; docs/performance.md, session 25).
