@@ -4064,17 +4064,24 @@ LLM_AVX2_INLINE __m256i dot_runs(__m256i sum, const __m256i* u, const int8_t* y,
     return sum;
 }
 // dot_runs for both halves of 16 interleaved rows and NC columns at once: for each half h and column
-// c, isum[h][c] plus the dot of the NG four-value groups Unpack::group_half(B, g0 + g, h) and the
-// column's bytes at y[c] + 4g, in int16 runs of Run groups scaled by scale16[h]. Group-major: a group's
+// c, isum[h][c] plus the dot of sub-block sb's NG four-value groups Unpack::group_half(B, sb, g, h) and
+// the column's bytes at y[c] + 4g, in int16 runs of Run groups scaled by scale16[h]. Group-major: a group's
 // two halves are unpacked once and multiplied by one broadcast of each column's bytes, so the loads are
 // half of a half-at-a-time kernel's (which they bound, with one broadcast per vpmaddubsw) and the
 // 2 x NC chains of adds interleave.
 template <class Ops, class Unpack, int NC, int NG, int Run, class G>
-LLM_AVX2_INLINE void dot_runs_rows16(__m256i (*isum)[NC], const G& B, int g0, const int8_t* const* y, const __m256i* scale16) {
+LLM_AVX2_INLINE void dot_runs_rows16(__m256i (*isum)[NC], const G& B, int sb, const int8_t* const* y, const __m256i* scale16) {
     __m256i run[2][NC];
 #pragma GCC unroll 8
     for (int g = 0; g < NG; g++) {
-        const __m256i u[2] = {Unpack::group_half(B, g0 + g, 0), Unpack::group_half(B, g0 + g, 1)};
+        // Several columns: the group's place in the sub-block is a constant, so each load's address is
+        // too. One column: group sb * NG + g of sub-block 0, whose address GCC computes group by group
+        // (4 scalar instructions). Zen 4, Q4_K, weights in L2: the constant address makes 1, 2, 4 and 8
+        // columns 14, 8, 4 and 4 % faster (Llama-1B shape pp256 +2 %, in one process), but that
+        // shape's decode 4 % slower where memory is fast (60 t/s; level at 40): one column streams its
+        // weights from memory, where the faster loop fetched them more slowly.
+        const int s = NC == 1 ? 0 : sb, i = NC == 1 ? sb * NG + g : g;
+        const __m256i u[2] = {Unpack::group_half(B, s, i, 0), Unpack::group_half(B, s, i, 1)};
 #pragma GCC unroll 4
         for (int c = 0; c < NC; c++) {
             const __m256i yg = _mm256_set1_epi32((int)load_u32((const uint8_t*)y[c] + 4 * g));
@@ -4235,7 +4242,7 @@ struct RowsB32 {
 #pragma GCC unroll 8
         for (int c = 0; c < NC; c++) _mm256_storeu_ps(out + c * ld + 8 * h, acc[c]);
     }
-    static LLM_AVX2_INLINE __m256i group_half(const G& B, int g, int h) {  // (no table: dot_runs_rows16's)
+    static LLM_AVX2_INLINE __m256i group_half(const G& B, int /*sb: a block is one*/, int g, int h) {  // dot_runs_rows16's
         static_assert(!Table);
         return group_half(B, g, h, _mm256_setzero_si256());
     }
@@ -4384,12 +4391,13 @@ struct RowsQ45K {
                                                4, -1, 4, -1, 5, -1, 5, -1, 6, -1, 6, -1, 7, -1, 7, -1);
         return _mm256_shuffle_epi8(_mm256_set1_epi64x((int64_t)eight), twice);
     }
-    // Four-value group g (0..63) of rows 8h..8h+7: sub-block g / 8, values 4i..4i+3 (i = g % 8).
-    static LLM_AVX2_INLINE __m256i group_half(const G& B, int g, int h) {
-        const unsigned sb = (unsigned)g / 8, i = (unsigned)g % 8;  // g >= 0: shifts, not signed division
-        const __m256i v = shr_mask(load256(B.qs[sb][i % 4] + 32 * h), 4 * (i / 4), 0x0F);
+    // Four-value group i of sub-block sb and on (values 4i..4i+3 of sub-block sb while i < 8), rows
+    // 8h..8h+7.
+    static LLM_AVX2_INLINE __m256i group_half(const G& B, int sb, int i, int h) {
+        const unsigned s = sb + (unsigned)i / 8, j = (unsigned)i % 8;  // i >= 0: shifts, not signed division
+        const __m256i v = shr_mask(load256(B.qs[s][j % 4] + 32 * h), 4 * (j / 4), 0x0F);
         if constexpr (!kHasHigh<G>) return v;
-        else return _mm256_or_si256(v, _mm256_and_si256(mask_half(B.qh[sb][i], h), _mm256_set1_epi8(16)));
+        else return _mm256_or_si256(v, _mm256_and_si256(mask_half(B.qh[s][j], h), _mm256_set1_epi8(16)));
     }
     // A block's scales and mins (unpack6's) and its NC columns with, per column, the sums of 32 values
     // per sub-block, two sub-blocks per 32-bit word (both halves').
@@ -4505,7 +4513,7 @@ struct RowsQ45K {
                 const int8_t* ys[NC];
 #pragma GCC unroll 4
                 for (int c = 0; c < NC; c++) ys[c] = blk.y[c]->qs + 32 * sb;
-                dot_runs_rows16<Ops, RowsQ45K, NC, 8, safe_run(kHasHigh<G> ? 31 : 15)>(isum, B, 8 * sb, ys, scale16);
+                dot_runs_rows16<Ops, RowsQ45K, NC, 8, safe_run(kHasHigh<G> ? 31 : 15)>(isum, B, sb, ys, scale16);
             }
 #pragma GCC unroll 2
             for (int h = 0; h < 2; h++) blk.accumulate(B, h, isum[h], acc.sum[h], acc.min[h]);
