@@ -2,8 +2,8 @@
 // memory bandwidth moves by half from minute to minute, two binaries run one after the other land in
 // different phases, while the rounds here see the same ones, and each round's ratio compares like with
 // like. Built by scripts/bench-ab, which copies each version with its include guards renamed
-// (LLM_HPP_A / LLM_HPP_B, ...) to build/bench-ab/a.hpp and b.hpp; the system headers come first, so
-// each version's own includes are no-ops inside its namespace.
+// (LLM_HPP_A / LLM_HPP_B, ...) to build/bench-ab/a.hpp and b.hpp, and collects their system headers in
+// system.hpp: included first, they make each version's own includes no-ops inside its namespace.
 //
 //   scripts/bench-ab REV MODEL [ROUNDS] [PROMPT] [GENERATED]
 //   (LLM_ISA picks the tier for both; BENCH_AB_ROUNDS=1 prints every round's pair)
@@ -14,42 +14,14 @@
 // itself (REV = HEAD, a clean tree) shows the spread to expect: on the Zen 4 host of session 32, 12
 // rounds of 32 decoded tokens read 1.001 (quartiles 0.999-1.002) on the Llama-1B shape and 0.997
 // (0.965-1.034) on SmolLM2 Q4_1, whose weights partly fit the L3.
+#include "system.hpp"  // both versions' system headers (scripts/bench-ab collects them)
+
 #include <algorithm>
-#include <array>
-#include <atomic>
-#include <cctype>
-#include <cerrno>
 #include <chrono>
-#include <cmath>
-#include <condition_variable>
-#include <cstdarg>
-#include <cstddef>
-#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
-#include <ctime>
-#include <dirent.h>
-#include <fcntl.h>
-#include <functional>
-#include <immintrin.h>
-#include <map>
 #include <memory>
-#include <mutex>
-#include <new>
-#include <random>
-#include <set>
-#include <signal.h>
 #include <stdexcept>
-#include <string>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <sys/syscall.h>
-#include <thread>
-#include <type_traits>
-#include <unistd.h>
-#include <unordered_map>
-#include <utility>
 #include <vector>
 
 #define LLM_IMPLEMENTATION
