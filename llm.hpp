@@ -2604,6 +2604,7 @@ struct OpsAVX2 {
     static constexpr bool kVnni = false;
     static constexpr int kLocality = 2;  // of the weight stream's prefetches (prefetch_ahead)
     static constexpr bool kNear = false;  // the K16 tiles' near prefetch (prefetch_near)
+    static constexpr bool kHardwareStreamQ8 = false;  // Q8_0's one-column tile without prefetches (RowsB32::run)
     static LLM_AVX2_INLINE __m256i dot_us(__m256i a, __m256i b) {
         return _mm256_madd_epi16(_mm256_maddubs_epi16(a, b), _mm256_set1_epi16(1));
     }
@@ -2614,8 +2615,9 @@ struct OpsAVX2 {
 struct OpsAVX2Nta : OpsAVX2 {
     static constexpr int kLocality = 0;  // prefetchnta, on Zen 2 and older (see prefetch_ahead)
 };
-struct OpsAVX2Near : OpsAVX2 {
-    static constexpr bool kNear = true;  // the K16 tiles on AMD after Zen 2 (see prefetch_near)
+struct OpsAVX2Near : OpsAVX2 {  // AMD after Zen 2
+    static constexpr bool kNear = true;  // the K16 tiles (see prefetch_near)
+    static constexpr bool kHardwareStreamQ8 = true;
 };
 struct OpsVNNI {
     // Not always_inline: they become inlinable only once the AVX2 kernel around them has been
@@ -2632,6 +2634,7 @@ struct OpsAVXVNNI {
     static constexpr bool kVnni = true;
     static constexpr int kLocality = 2;
     static constexpr bool kNear = false;
+    static constexpr bool kHardwareStreamQ8 = false;
     static inline LLM_AVXVNNI_FN __m256i dpbusd(__m256i acc, __m256i a, __m256i b) { return _mm256_dpbusd_avx_epi32(acc, a, b); }
     static inline LLM_AVXVNNI_FN __m256i dot_us(__m256i a, __m256i b) { return dpbusd(_mm256_setzero_si256(), a, b); }
     static inline LLM_AVXVNNI_FN __m256i madd_add(__m256i acc, __m256i a, __m256i b) { return _mm256_dpwssd_avx_epi32(acc, a, b); }
@@ -4322,9 +4325,16 @@ struct RowsB32 {
         const __m256i table = _mm256_broadcastsi128_si256(_mm_load_si128((const __m128i*)values));
         RowsAcc<NH, NC> acc;
         acc.clear();
+        // On AMD after Zen 2, Q8_0's one-column tile leaves its stream to the hardware prefetchers.
+        // Zen 4, LLM_ISA=avx2, decode in one process against 8 KiB ahead, rounds alternating: Gemma 3
+        // (its output matrix is Q8_0) +7.5-9.7 % in slow phases and +16 % in fast ones, SmolLM2 shape
+        // Q8_0 +2-6 %, DeepSeek-V2-Lite shape +4.8 % (pp8 +2.2 %). 256 or 512 bytes ahead did as
+        // well, 1-2 KiB were erratic (0.85-1.08), 2 KiB lost 7 % (the AVX-512 tile's best, session
+        // 29); the 2-column tile without was level in pp8 (session 33).
+        constexpr bool kPrefetch = !(Ops::kHardwareStreamQ8 && kHasBytes<G> && NC == 1);
         for (int64_t b = 0; b < nb; b++) {
             const G& B = x[b];
-            prefetch_ahead<sizeof(G), Ops::kLocality>(&B);
+            if constexpr (kPrefetch) prefetch_ahead<sizeof(G), Ops::kLocality>(&B);
 #pragma GCC unroll 2
             for (int hh = 0; hh < NH; hh++) {
                 const int h = h0 + hh;
@@ -4687,7 +4697,8 @@ std::array<Tile16Fn, 4> avx2_tiles_of() {
     return {tile16_avx2<Rows, 1>, tile16_avx2<Rows, 2>, tile16_avx2<Rows, 4>, tile16_avx2<Rows, 8>};
 }
 // The AVX2 tiles: RowsNta (the same rows on OpsAVX2Nta) on Zen 2 and older, RowsNear on later AMD CPUs
-// (the K16 tiles on OpsAVX2Near, see prefetch_near; the others keep Rows), Rows (on OpsAVX2) elsewhere.
+// (the K16 and Q8_0 tiles on OpsAVX2Near, see prefetch_near and RowsB32::run; the others keep Rows),
+// Rows (on OpsAVX2) elsewhere.
 template <class Rows, class RowsNta, class RowsNear = Rows>
 std::array<Tile16Fn, 4> avx2_tiles() {
     return cpu().zen2 ? avx2_tiles_of<RowsNta>() : cpu().amd ? avx2_tiles_of<RowsNear>() : avx2_tiles_of<Rows>();
@@ -4729,7 +4740,9 @@ template <class X, class G, int Offset, bool Table>
 InterleavedType interleaved_b32() {
     return {Offset != 0, interleave_group<X, G, interleave_b32<X, G>>, deinterleave_group<X, G, deinterleave_b32<X, G>>,
 #ifdef LLM_X86
-            b32_tiles<G, Offset, Table>(), avx2_tiles<RowsB32<G, Offset, Table, OpsAVX2>, RowsB32<G, Offset, Table, OpsAVX2Nta>>(),
+            b32_tiles<G, Offset, Table>(),
+            avx2_tiles<RowsB32<G, Offset, Table, OpsAVX2>, RowsB32<G, Offset, Table, OpsAVX2Nta>,
+                       RowsB32<G, Offset, Table, std::conditional_t<kHasBytes<G>, OpsAVX2Near, OpsAVX2>>>(),
             avxvnni_tiles<RowsB32<G, Offset, Table, OpsAVXVNNI>>()};
 #else
             {}, {}, {}};
