@@ -6,7 +6,8 @@
 // system.hpp: included first, they make each version's own includes no-ops inside its namespace.
 //
 //   scripts/bench-ab REV MODEL [ROUNDS] [PROMPT] [GENERATED]
-//   (LLM_ISA picks the tier for both; BENCH_AB_ROUNDS=1 prints every round's pair)
+//   (LLM_ISA picks the tier for both; BENCH_AB_ROUNDS=1 prints every round's pair; BENCH_AB_THREADS=1
+//   runs one thread instead of two)
 //
 // A round is one prompt of PROMPT tokens (t/s of that batch, GENERATED = 0) or PROMPT tokens then
 // GENERATED decoded ones (t/s of the decoded ones), version A then B in even rounds, B then A in odd
@@ -44,7 +45,7 @@ struct Engine {
     explicit Engine(const char* path) : model(Llm::Model::load(path)) {
         typename Llm::ContextParams params;
         params.n_ctx = 4096;
-        params.n_threads = 2;
+        params.n_threads = getenv("BENCH_AB_THREADS") ? atoi(getenv("BENCH_AB_THREADS")) : 2;
         ctx = std::make_unique<typename Llm::Context>(*model, params);
     }
     // t/s of one round (see the header); seed varies the tokens from round to round.
