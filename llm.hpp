@@ -4328,8 +4328,8 @@ struct RowsB32 {
         // On AMD after Zen 2, Q8_0's one-column tile leaves its stream to the hardware prefetchers
         // (8 KiB ahead it streamed 22-28 GB/s on one Zen 4 thread, its AVX-512 sibling 31-39). Zen 4,
         // LLM_ISA=avx2, decode in one process against 8 KiB ahead, rounds alternating: Gemma 3 (its
-        // output matrix is Q8_0) +5-10 % where the host's bandwidth was halved by neighbours and
-        // +7-16 % where it was not, SmolLM2-135M Q4_1 (Q8_0 output) +11 %, SmolLM2 shape Q8_0 +2-6 %,
+        // output matrix is Q8_0) +5-10 % in phases where the host's bandwidth was halved (35 against
+        // 65 GB/s) and +7-16 % in the others, SmolLM2-135M Q4_1 (Q8_0 output) +11 %, SmolLM2 shape Q8_0 +2-6 %,
         // DeepSeek-V2-Lite shape +1-5 % (pp8 +2 %). 256 or 512 bytes ahead did as well, 1 KiB was
         // erratic (0.85-1.08), 2 KiB lost 7 % (the AVX-512 tile's best, which loses 6 % without); the
         // 2-column tile, and the unsigned types' one column (run_rows16), were level without (session 33).
@@ -4520,8 +4520,8 @@ struct RowsQ45K {
 #pragma GCC unroll 8
             for (int c = 0; c < NC; c++) isum[0][c] = isum[1][c] = _mm256_setzero_si256();
             for (int sb = 0; sb < 8; sb++) {
-                // Kept at one column, unlike Q8_0's (RowsB32::run): on Zen 4 Q4_K without it decoded 5-10 %
-                // faster where neighbours halved the bandwidth but 2-6 % slower where they did not (session 33).
+                // Kept at one column, unlike Q8_0's (RowsB32::run): on Zen 4 Q4_K without it decoded 2-9 %
+                // faster in phases of halved bandwidth but 3-6 % slower in the others (session 33).
                 prefetch_ahead<sizeof(G) / 8, Ops::kLocality>((const char*)&B + sb * (sizeof(G) / 8));
                 const __m256i scale16[2] = {scales_half(blk.sc, sb, 0), scales_half(blk.sc, sb, 1)};
                 const int8_t* ys[NC];

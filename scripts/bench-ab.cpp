@@ -45,7 +45,8 @@ struct Engine {
     explicit Engine(const char* path) : model(Llm::Model::load(path)) {
         typename Llm::ContextParams params;
         params.n_ctx = 4096;
-        params.n_threads = getenv("BENCH_AB_THREADS") ? atoi(getenv("BENCH_AB_THREADS")) : 2;
+        const char* threads = getenv("BENCH_AB_THREADS");
+        params.n_threads = threads ? std::max(1, atoi(threads)) : 2;
         ctx = std::make_unique<typename Llm::Context>(*model, params);
     }
     // t/s of one round (see the header); seed varies the tokens from round to round.
