@@ -15286,54 +15286,66 @@ struct Attention {
         });
     }
 
-    // Grouped-query attention (llama, qwen2/3, gemma3, bert): in -> out (n x n_embd).
-    void gqa(int il, const Batch& batch, const float* in, int n, float* out) {
+    // The tokens whose attention outputs a layer wants, and their input rows: every token of the batch,
+    // or in the last layer the output rows alone (the queries' projections, scores and wo then run on
+    // those rows; every token's keys and values still go to the cache).
+    struct Queries {
+        const Batch& batch;
+        const float* in;
+        int n;
+    };
+
+    // Grouped-query attention (llama, qwen2/3, gemma3, bert): the batch's n rows `in` give the cache
+    // its keys and values, the queries' rows give out (queries.n x n_embd).
+    void gqa(int il, const Batch& batch, const float* in, int n, const Queries& queries, float* out) {
         const HParams& hp = model.hp;
         const LayerWeights& L = model.layers[il];
-        matmul({{L.wq, in, n, q.data()}, {L.wk, in, n, k.data()}, {L.wv, in, n, v.data()}});
-        add_bias(q.data(), L.bq, n);
+        const int nq = queries.n;
+        std::vector<MatMul> jobs = {{L.wk, in, n, k.data()}, {L.wv, in, n, v.data()}};
+        if (nq) jobs.push_back({L.wq, queries.in, nq, q.data()});
+        matmul(jobs);
+        const float base = hp.swa_layer[il] ? hp.rope_base_swa : hp.rope_base;
+        // every token's key and value into the cache
         add_bias(k.data(), L.bk, n);
         add_bias(v.data(), L.bv, n);
-        if (L.q_norm) {
-            rms_norm(pool, q.data(), L.q_norm, hp.norm_eps, n * hp.n_head, hp.head_dim_k);
-            rms_norm(pool, k.data(), L.k_norm, hp.norm_eps, n * hp.n_head_kv, hp.head_dim_k);
-        }
-        const float base = hp.swa_layer[il] ? hp.rope_base_swa : hp.rope_base;
-        if (hp.use_rope) {
-            rope(q.data(), n, hp.n_head, hp.head_dim_k, 0, batch.pos.data(), base);
-            rope(k.data(), n, hp.n_head_kv, hp.head_dim_k, 0, batch.pos.data(), base);
-        }
-        if (kv.rot_k) {
-            hadamard(pool, q.data(), (int64_t)n * hp.n_head * hp.head_dim_k, kv.rot_k);
-            hadamard(pool, k.data(), (int64_t)n * kv.dim_k, kv.rot_k);
-        }
+        if (L.k_norm) rms_norm(pool, k.data(), L.k_norm, hp.norm_eps, n * hp.n_head_kv, hp.head_dim_k);
+        if (hp.use_rope) rope(k.data(), n, hp.n_head_kv, hp.head_dim_k, 0, batch.pos.data(), base);
+        if (kv.rot_k) hadamard(pool, k.data(), (int64_t)n * kv.dim_k, kv.rot_k);
         if (kv.rot_v) hadamard(pool, v.data(), (int64_t)n * kv.dim_v, kv.rot_v);
         store_kv(il, batch, n, k.data(), v.data());
-        attend(il, batch, n);
-        if (kv.rot_v) hadamard(pool, attn.data(), (int64_t)n * hp.n_head * hp.head_dim_v, kv.rot_v);
-        matmul({{L.wo, attn.data(), n, out}});
+        if (nq == 0) return;
+        // the queries over it
+        add_bias(q.data(), L.bq, nq);
+        if (L.q_norm) rms_norm(pool, q.data(), L.q_norm, hp.norm_eps, nq * hp.n_head, hp.head_dim_k);
+        if (hp.use_rope) rope(q.data(), nq, hp.n_head, hp.head_dim_k, 0, queries.batch.pos.data(), base);
+        if (kv.rot_k) hadamard(pool, q.data(), (int64_t)nq * hp.n_head * hp.head_dim_k, kv.rot_k);
+        attend(il, queries.batch, nq);
+        if (kv.rot_v) hadamard(pool, attn.data(), (int64_t)nq * hp.n_head * hp.head_dim_v, kv.rot_v);
+        matmul({{L.wo, attn.data(), nq, out}});
     }
 
     // Multi-head latent attention in absorbed form (deepseek2). The cache row of a token is its roped
     // key part (n_rot) followed by its normalized latent (kv_lora_rank), the order the reference
     // uses (so f16 dot products sum in the same order); the query is folded into latent space per
-    // head (q_nope * k_b), attention runs there, and v_b maps the result back.
-    void mla(int il, const Batch& batch, const float* in, int n, float* out) {
+    // head (q_nope * k_b), attention runs there, and v_b maps the result back. The batch's rows `in`
+    // give the cache rows, the queries' rows give out (queries.n x n_embd).
+    void mla(int il, const Batch& batch, const float* in, int n, const Queries& queries, float* out) {
         const HParams& hp = model.hp;
         const LayerWeights& L = model.layers[il];
         const int n_head = hp.n_head, rank = hp.kv_lora_rank, nope = hp.qk_nope, rot = hp.n_rot, vd = hp.v_head_dim;
         const int64_t qh = nope + rot, row = rank + rot;
-        q_proj.resize((size_t)n * n_head * qh);
+        const int nq = queries.n;
+        q_proj.resize((size_t)nq * n_head * qh);
         kv_a.resize((size_t)n * row);
-        if (L.wq_a) {
-            q_lora.resize((size_t)n * hp.q_lora_rank);
-            matmul({{L.wq_a, in, n, q_lora.data()}, {L.wkv_a, in, n, kv_a.data()}});
-            rms_norm(pool, q_lora.data(), L.q_a_norm, hp.norm_eps, n, hp.q_lora_rank);
-            matmul({{L.wq_b, q_lora.data(), n, q_proj.data()}});
-        } else {
-            matmul({{L.wq, in, n, q_proj.data()}, {L.wkv_a, in, n, kv_a.data()}});
+        std::vector<MatMul> jobs = {{L.wkv_a, in, n, kv_a.data()}};
+        if (nq && L.wq_a) {
+            q_lora.resize((size_t)nq * hp.q_lora_rank);
+            jobs.push_back({L.wq_a, queries.in, nq, q_lora.data()});
+        } else if (nq) {
+            jobs.push_back({L.wq, queries.in, nq, q_proj.data()});
         }
-        rope(q_proj.data(), n, n_head, qh, nope, batch.pos.data(), hp.rope_base);
+        matmul(jobs);
+        // every token's [rope | latent] row into the cache
         rope(kv_a.data(), n, 1, row, rank, batch.pos.data(), hp.rope_base);
         rms_norm(pool, kv_a.data(), L.kv_a_norm, hp.norm_eps, n, rank, row);
         for (int i = 0; i < n; i++) {
@@ -15341,33 +15353,39 @@ struct Attention {
             std::copy(kv_a.data() + i * row, kv_a.data() + i * row + rank, k.data() + i * row + rot);
         }
         store_kv(il, batch, n, k.data(), nullptr);
+        if (nq == 0) return;
 
-        // q (n x n_head x (rot + rank)) = [q_rope, q_nope * k_b_h] per head.
-        heads_in.resize((size_t)n * n_head * std::max<int64_t>(nope, rank));
-        heads_out.resize((size_t)n * n_head * rank);
-        std::vector<MatMul> jobs;
+        // the queries: q (nq x n_head x (rot + rank)) = [q_rope, q_nope * k_b_h] per head
+        if (L.wq_a) {
+            rms_norm(pool, q_lora.data(), L.q_a_norm, hp.norm_eps, nq, hp.q_lora_rank);
+            matmul({{L.wq_b, q_lora.data(), nq, q_proj.data()}});
+        }
+        rope(q_proj.data(), nq, n_head, qh, nope, queries.batch.pos.data(), hp.rope_base);
+        heads_in.resize((size_t)nq * n_head * std::max<int64_t>(nope, rank));
+        heads_out.resize((size_t)nq * n_head * rank);
+        jobs.clear();
         for (int h = 0; h < n_head; h++) {
-            gather(q_proj.data(), n, n_head * qh, h * qh, nope, heads_in.data() + (size_t)h * n * nope);
-            jobs.push_back({&L.k_b[h], heads_in.data() + (size_t)h * n * nope, n, heads_out.data() + (size_t)h * n * rank});
+            gather(q_proj.data(), nq, n_head * qh, h * qh, nope, heads_in.data() + (size_t)h * nq * nope);
+            jobs.push_back({&L.k_b[h], heads_in.data() + (size_t)h * nq * nope, nq, heads_out.data() + (size_t)h * nq * rank});
         }
         matmul(jobs);
         for (int h = 0; h < n_head; h++) {
-            scatter(heads_out.data() + (size_t)h * n * rank, n, n_head * row, h * row + rot, rank, q.data());
-            for (int i = 0; i < n; i++) {
+            scatter(heads_out.data() + (size_t)h * nq * rank, nq, n_head * row, h * row + rot, rank, q.data());
+            for (int i = 0; i < nq; i++) {
                 std::copy(q_proj.data() + (i * n_head + h) * qh + nope, q_proj.data() + (i * n_head + h) * qh + qh, q.data() + (i * n_head + h) * row);
             }
         }
-        attend(il, batch, n);
-        // attn (n x n_head x rank) -> per head v_b -> (n x n_head x vd) -> wo.
+        attend(il, queries.batch, nq);
+        // attn (nq x n_head x rank) -> per head v_b -> (nq x n_head x vd) -> wo.
         jobs.clear();
         for (int h = 0; h < n_head; h++) {
-            gather(attn.data(), n, (int64_t)n_head * rank, (int64_t)h * rank, rank, heads_in.data() + (size_t)h * n * rank);
-            jobs.push_back({&L.v_b[h], heads_in.data() + (size_t)h * n * rank, n, heads_out.data() + (size_t)h * n * vd});
+            gather(attn.data(), nq, (int64_t)n_head * rank, (int64_t)h * rank, rank, heads_in.data() + (size_t)h * nq * rank);
+            jobs.push_back({&L.v_b[h], heads_in.data() + (size_t)h * nq * rank, nq, heads_out.data() + (size_t)h * nq * vd});
         }
         matmul(jobs);
-        v_heads.resize((size_t)n * n_head * vd);
-        for (int h = 0; h < n_head; h++) scatter(heads_out.data() + (size_t)h * n * vd, n, (int64_t)n_head * vd, (int64_t)h * vd, vd, v_heads.data());
-        matmul({{L.wo, v_heads.data(), n, out}});
+        v_heads.resize((size_t)nq * n_head * vd);
+        for (int h = 0; h < n_head; h++) scatter(heads_out.data() + (size_t)h * nq * vd, nq, (int64_t)n_head * vd, (int64_t)h * vd, vd, v_heads.data());
+        matmul({{L.wo, v_heads.data(), nq, out}});
     }
 };
 
@@ -15634,6 +15652,9 @@ struct Context::Impl {
     // head's), a block's output (attention's or the FFN's); and one embedding row (the encoder's
     // position and token type rows).
     Scratch x, cur, sublayer_out, embd_row;
+    // The last layer's queries (kept_queries): the output rows' batch entries and normed rows.
+    Batch kept_batch;
+    Scratch kept_in;
     EmbeddingsOutput embeddings{model, matmul};  // embeddings mode's results
     std::unique_ptr<OffloadBackend> device;     // runs the layers the model placed on a device
     const TensorInfo head = output_head(model, params.head_vocab);  // the output rows computed
@@ -15714,7 +15735,7 @@ struct Context::Impl {
         layer_norm(x.data(), m.tok_norm, m.tok_norm_b, hp.norm_eps, n, n_embd);
         for (int il = 0; il < hp.n_layer; il++) {
             const LayerWeights& L = m.layers[il];
-            attention.gqa(il, batch, x.data(), n, sublayer_out.data());
+            attention.gqa(il, batch, x.data(), n, {batch, x.data(), n}, sublayer_out.data());
             add_bias(sublayer_out.data(), L.bo, n);
             for (int64_t j = 0; j < n * n_embd; j++) x[j] += sublayer_out[j];
             layer_norm(x.data(), L.attn_out_norm, L.attn_out_norm_b, hp.norm_eps, n, n_embd);
@@ -15738,14 +15759,24 @@ struct Context::Impl {
     }
 
     // One decoder block, pre-norm: x += attention(norm(x)), then x += ffn(norm(x)) (gemma3 also norms
-    // each block's output).
-    void decoder_layer(int il, const Batch& batch, int n) {
+    // each block's output). Kept (in the last layer: the output rows; else null): the block goes on
+    // with these rows alone, moved to the first rows of x, since nothing reads the others' hidden
+    // states. Every token's keys and values still go to the cache; the queries, wo and the FFN run on
+    // the kept rows (the reference's last layer skips the other rows from its FFN on; a MoE prompt's
+    // last layer then reads its output tokens' experts only).
+    void decoder_layer(int il, const Batch& batch, int n, const std::vector<int32_t>* kept = nullptr) {
         const HParams& hp = model.hp;
         const LayerWeights& L = model.layers[il];
         const int64_t n_embd = hp.n_embd;
         rms_norm_to(pool, x.data(), L.attn_norm, hp.norm_eps, n, n_embd, cur.data());
-        if (hp.mla) attention.mla(il, batch, cur.data(), n, sublayer_out.data());
-        else attention.gqa(il, batch, cur.data(), n, sublayer_out.data());
+        const Attention::Queries queries = kept ? kept_queries(batch, *kept) : Attention::Queries{batch, cur.data(), n};
+        if (hp.mla) attention.mla(il, batch, cur.data(), n, queries, sublayer_out.data());
+        else attention.gqa(il, batch, cur.data(), n, queries, sublayer_out.data());
+        n = queries.n;
+        if (kept)
+            for (int j = 0; j < n; j++)
+                if ((*kept)[j] != j) std::copy(x.begin() + (*kept)[j] * n_embd, x.begin() + ((*kept)[j] + 1) * n_embd, x.begin() + j * n_embd);
+        if (n == 0) return;
         if (L.post_attn_norm) rms_norm(pool, sublayer_out.data(), L.post_attn_norm, hp.norm_eps, n, n_embd);
         for (int64_t j = 0; j < n * n_embd; j++) x[j] += sublayer_out[j];
 
@@ -15754,6 +15785,20 @@ struct Context::Impl {
         else ffn.dense(L.ffn_gate, L.ffn_up, L.ffn_down, cur.data(), n, sublayer_out.data());
         if (L.post_ffn_norm) rms_norm(pool, sublayer_out.data(), L.post_ffn_norm, hp.norm_eps, n, n_embd);
         for (int64_t j = 0; j < n * n_embd; j++) x[j] += sublayer_out[j];
+    }
+
+    // The queries of the kept rows (decoder_layer): their batch entries and their normed rows (cur's).
+    Attention::Queries kept_queries(const Batch& batch, const std::vector<int32_t>& kept) {
+        const int64_t n_embd = model.hp.n_embd;
+        kept_batch.clear();
+        kept_in.resize(kept.size() * n_embd);
+        for (size_t j = 0; j < kept.size(); j++) {
+            const int i = kept[j];
+            kept_batch.add(batch.token[i], batch.pos[i], batch.seq[i], true);
+            if (!batch.attn_end.empty()) kept_batch.attn_end.push_back(batch.attn_end[i]);
+            std::copy(cur.begin() + i * n_embd, cur.begin() + (i + 1) * n_embd, kept_in.begin() + j * n_embd);
+        }
+        return {kept_batch, kept_in.data(), (int)kept.size()};
     }
 
     // The forward pass of a decoder: embeddings, the CPU's layers, the device's (offload), then the
@@ -15767,10 +15812,14 @@ struct Context::Impl {
         const int64_t n_embd = hp.n_embd;
         size_activations(n);
         embed_tokens(batch, n);
-        for (int il = 0; il < std::min(hp.n_layer, m.placement.first_device_layer); il++) decoder_layer(il, batch, n);
         std::vector<int32_t> logit_rows;
         for (int i = 0; i < n; i++)
             if (batch.want_logits[i]) logit_rows.push_back(i);
+        // The last layer keeps only the output rows unless every row's hidden state is wanted
+        // (embeddings) or the device takes the batch on from here.
+        const bool trim_last = !device && !params.embeddings && m.placement.first_device_layer >= hp.n_layer;
+        for (int il = 0; il < std::min(hp.n_layer, m.placement.first_device_layer); il++)
+            decoder_layer(il, batch, n, trim_last && il == hp.n_layer - 1 ? &logit_rows : nullptr);
         n_logits = (int)logit_rows.size();
         logits.resize((size_t)n_logits * hp.n_vocab);
         if (device) offload(batch, logit_rows);
@@ -15783,9 +15832,10 @@ struct Context::Impl {
         }
         if (m.placement.output_on_device || n_logits == 0) return;
 
-        // Output: only the rows that asked for logits.
-        for (int j = 0; j < n_logits; j++)
-            std::copy(x.begin() + logit_rows[j] * n_embd, x.begin() + (logit_rows[j] + 1) * n_embd, x.begin() + j * n_embd);
+        // Output: only the rows that asked for logits (the last layer has moved them first).
+        if (!trim_last)
+            for (int j = 0; j < n_logits; j++)
+                std::copy(x.begin() + logit_rows[j] * n_embd, x.begin() + (logit_rows[j] + 1) * n_embd, x.begin() + j * n_embd);
         rms_norm_to(pool, x.data(), m.output_norm, hp.norm_eps, n_logits, n_embd, cur.data());
         if (head.ne[1] < hp.n_vocab) head_logits();
         else matmul({{m.output, cur.data(), n_logits, logits.data()}});

@@ -42,6 +42,53 @@ TEST_CASE("golden logits: every model and KV type, batch, chunks and token by to
     }
 }
 
+// The last layer runs its queries, wo and FFN on the output rows only (the others' hidden states are
+// read by nothing): a prompt whose logits are wanted at a few rows, or at none and then at every row of
+// the next batch, gives those rows' logits of the batch that wants them all, on every architecture (GQA
+// and MLA; MoE: the last layer routes the output tokens alone). A row moved to the wrong place would
+// read another token's state; keys or values not cached for every token would show in the next batch.
+TEST_CASE("golden: the last layer on the output rows only gives the all-rows logits") {
+    const std::string dir = testutil::shared_dir() + "/golden/";
+    for (const std::string name : {"tiny-llama-Q8_0", "tiny-qwen2-Q4_K_M", "tiny-qwen3-Q8_0", "tiny-gemma3-Q4_K_M", "tiny-qwen3moe-Q4_K_M",
+                                   "tiny-deepseek2-lite-Q4_K_M", "tiny-deepseek2-v3-Q4_K_M"}) {
+        CAPTURE(name);
+        auto m = llm::Model::load(dir + "models/" + name + ".gguf");
+        const int n_vocab = m->hp.n_vocab;
+        const std::vector<int32_t> toks = json_tokens(testutil::read_file(dir + "logits/" + name + "-kvf16.json"));
+        const int n = (int)toks.size();
+        REQUIRE(n >= 8);
+        const std::vector<float> all = run_model(*m, toks, llm::Type::F16, n);
+        llm::ContextParams cp;
+        cp.n_ctx = 256;
+        cp.type_k = cp.type_v = llm::Type::F16;
+        cp.n_threads = 2;
+        auto row_diff = [&](llm::Context& ctx, int j, int row) {
+            double d = 0;
+            for (int v = 0; v < n_vocab; v++) d = std::max(d, (double)std::fabs(ctx.logits(j)[v] - all[(size_t)row * n_vocab + v]));
+            return d;
+        };
+        llm::Context some(*m, cp);
+        const std::vector<int> wanted = {1, n / 2, n - 1};
+        llm::Batch batch;
+        for (int i = 0; i < n; i++) batch.add(toks[i], i, 0, std::find(wanted.begin(), wanted.end(), i) != wanted.end());
+        some.decode(batch);
+        REQUIRE(some.n_logits() == 3);
+        for (int j = 0; j < 3; j++) CHECK(row_diff(some, j, wanted[j]) < 2e-3);
+
+        llm::Context later(*m, cp);
+        const int half = n / 2;
+        batch.clear();
+        for (int i = 0; i < half; i++) batch.add(toks[i], i, 0, false);
+        later.decode(batch);
+        CHECK(later.n_logits() == 0);
+        batch.clear();
+        for (int i = half; i < n; i++) batch.add(toks[i], i, 0, true);
+        later.decode(batch);
+        REQUIRE(later.n_logits() == n - half);
+        for (int i = half; i < n; i++) CHECK(row_diff(later, i - half, i) < 2e-3);
+    }
+}
+
 TEST_CASE("golden: interleaved weights (load-time repacking) agree with the row kernels") {
     const std::string dir = testutil::shared_dir() + "/golden/";
     for (const std::string name : {"tiny-llama-Q4_K-pure", "tiny-deepseek2-lite-Q4_K_M", "tiny-gemma3-Q8_0"}) {
