@@ -15772,10 +15772,8 @@ struct Context::Impl {
         const Attention::Queries queries = kept ? kept_queries(batch, *kept) : Attention::Queries{batch, cur.data(), n};
         if (hp.mla) attention.mla(il, batch, cur.data(), n, queries, sublayer_out.data());
         else attention.gqa(il, batch, cur.data(), n, queries, sublayer_out.data());
+        if (kept) move_rows_first(*kept);
         n = queries.n;
-        if (kept)
-            for (int j = 0; j < n; j++)
-                if ((*kept)[j] != j) std::copy(x.begin() + (*kept)[j] * n_embd, x.begin() + ((*kept)[j] + 1) * n_embd, x.begin() + j * n_embd);
         if (n == 0) return;
         if (L.post_attn_norm) rms_norm(pool, sublayer_out.data(), L.post_attn_norm, hp.norm_eps, n, n_embd);
         for (int64_t j = 0; j < n * n_embd; j++) x[j] += sublayer_out[j];
@@ -15785,6 +15783,13 @@ struct Context::Impl {
         else ffn.dense(L.ffn_gate, L.ffn_up, L.ffn_down, cur.data(), n, sublayer_out.data());
         if (L.post_ffn_norm) rms_norm(pool, sublayer_out.data(), L.post_ffn_norm, hp.norm_eps, n, n_embd);
         for (int64_t j = 0; j < n * n_embd; j++) x[j] += sublayer_out[j];
+    }
+
+    // Moves row rows[j] of x to row j (rows ascending: each row moves before its place is written).
+    void move_rows_first(const std::vector<int32_t>& rows) {
+        const int64_t n_embd = model.hp.n_embd;
+        for (size_t j = 0; j < rows.size(); j++)
+            if (rows[j] != (int32_t)j) std::copy(x.begin() + rows[j] * n_embd, x.begin() + (rows[j] + 1) * n_embd, x.begin() + j * n_embd);
     }
 
     // The queries of the kept rows (decoder_layer): their batch entries and their normed rows (cur's).
@@ -15833,9 +15838,7 @@ struct Context::Impl {
         if (m.placement.output_on_device || n_logits == 0) return;
 
         // Output: only the rows that asked for logits (the last layer has moved them first).
-        if (!trim_last)
-            for (int j = 0; j < n_logits; j++)
-                std::copy(x.begin() + logit_rows[j] * n_embd, x.begin() + (logit_rows[j] + 1) * n_embd, x.begin() + j * n_embd);
+        if (!trim_last) move_rows_first(logit_rows);
         rms_norm_to(pool, x.data(), m.output_norm, hp.norm_eps, n_logits, n_embd, cur.data());
         if (head.ne[1] < hp.n_vocab) head_logits();
         else matmul({{m.output, cur.data(), n_logits, logits.data()}});
