@@ -15820,9 +15820,9 @@ struct Context::Impl {
         std::vector<int32_t> logit_rows;
         for (int i = 0; i < n; i++)
             if (batch.want_logits[i]) logit_rows.push_back(i);
-        // The last layer keeps only the output rows unless every row's hidden state is wanted
-        // (embeddings) or the device takes the batch on from here.
-        const bool trim_last = !device && !params.embeddings && m.placement.first_device_layer >= hp.n_layer;
+        // The last layer keeps only the output rows when some row wants none, unless every row's hidden
+        // state is wanted (embeddings) or a device reads x (its layers or its output head).
+        const bool trim_last = !device && !params.embeddings && (int)logit_rows.size() < n;
         for (int il = 0; il < std::min(hp.n_layer, m.placement.first_device_layer); il++)
             decoder_layer(il, batch, n, trim_last && il == hp.n_layer - 1 ? &logit_rows : nullptr);
         n_logits = (int)logit_rows.size();
