@@ -13817,9 +13817,23 @@ inline void spin_pause() {
 #endif
 }
 
+// What a job runs, fn(begin, end, thread): a reference to the caller's callable, which outlives the
+// job. std::function copied each capturing lambda to the heap, a malloc and free per job, on code
+// and data that a decode step's weight stream has just pushed out of the caches.
+class JobFn {
+public:
+    template <typename F>
+    JobFn(const F& f) : callable_(&f), call_([](const void* c, int64_t b, int64_t e, int t) { (*(const F*)c)(b, e, t); }) {}
+    void operator()(int64_t begin, int64_t end, int thread) const { call_(callable_, begin, end, thread); }
+
+private:
+    const void* callable_;
+    void (*call_)(const void*, int64_t, int64_t, int);
+};
+
 class ThreadPool {
 public:
-    using Fn = std::function<void(int64_t begin, int64_t end, int thread)>;
+    using Fn = JobFn;
 
     // poll: 0..100, the busy-wait level of idle workers (100: about 40000 checks of the job counter
     // before sleeping; 0: sleep at once).
@@ -14965,58 +14979,23 @@ struct MatMul {
     float* out;
 };
 
-// Runs MatMul batches over a thread pool; owns the activations converted for them.
+// Runs MatMul batches over a thread pool; owns the activations converted for them. Its lists live as
+// long as it does: a decode step makes a hundred or more calls, each after a weight stream that has
+// pushed the allocator's lines out of the caches.
 class MatMuls {
 public:
     explicit MatMuls(ThreadPool& pool) : pool(pool) {}
-    void operator()(std::initializer_list<MatMul> jobs) { (*this)(std::vector<MatMul>(jobs)); }
-    void operator()(const std::vector<MatMul>& jobs) {
-        // Convert each distinct input once to the dot-product type of its weight.
-        struct Conv { const float* x; Type t; int n; int64_t k; size_t row; };
-        std::vector<Conv> convs;
-        std::vector<int> conv_of(jobs.size());
-        for (size_t j = 0; j < jobs.size(); j++) {
-            const Type t = vec_dot_type(jobs[j].w->type);
-            const int64_t k = jobs[j].w->ne[0];
-            size_t c = 0;
-            while (c < convs.size() && !(convs[c].x == jobs[j].x && convs[c].t == t && convs[c].n == jobs[j].n)) c++;
-            if (c == convs.size()) convs.push_back({jobs[j].x, t, jobs[j].n, k, row_bytes(t, k)});
-            conv_of[j] = (int)c;
-        }
-        if (act.size() < convs.size()) act.resize(convs.size());
-        std::vector<std::pair<int, int>> conv_rows;  // (conversion, token)
-        for (size_t c = 0; c < convs.size(); c++) {
-            if (act[c].size() < convs[c].row * convs[c].n) act[c].resize(convs[c].row * convs[c].n);
-            for (int i = 0; i < convs[c].n; i++) conv_rows.emplace_back((int)c, i);
-        }
-        pool.parallel_for((int64_t)conv_rows.size(), 1, [&](int64_t b, int64_t e, int) {
-            for (int64_t r = b; r < e; r++) {
-                const Conv& c = convs[conv_rows[r].first];
-                const int i = conv_rows[r].second;
-                quantize_row(c.t, c.x + i * c.k, act[conv_rows[r].first].data() + i * c.row, c.k);
-            }
-        });
-        // The tiles' per-block data of each converted input, once (not once per task).
-        std::vector<char> with_sums(convs.size(), 0);
-        for (size_t j = 0; j < jobs.size(); j++)
-            with_sums[conv_of[j]] |= jobs[j].w->interleaved && interleave_needs_sums(jobs[j].w->type);
-        if (infos.size() < convs.size()) infos.resize(convs.size());
-        pool.parallel_for((int64_t)convs.size(), 1, [&](int64_t b, int64_t e, int) {
-            for (int64_t c = b; c < e; c++)
-                act_info(convs[c].t, act[c].data(), convs[c].row, convs[c].n, convs[c].k, with_sums[c], infos[c]);
-        });
-        // Split all weight rows into tasks of similar cost (rows x columns), about 16 per thread, so
-        // jobs of different sizes (experts with few or many tokens) still balance across threads.
-        struct Task { int job; int64_t r0, r1; };
-        std::vector<Task> tasks;
-        double total_cost = 0;
-        for (const MatMul& m : jobs) total_cost += (double)m.w->ne[1] * m.n;
-        const double task_cost = total_cost / (pool.size() * 16);
-        for (size_t j = 0; j < jobs.size(); j++) {
-            const int64_t rows = jobs[j].w->ne[1];
-            const int64_t chunk = (std::max<int64_t>(16, (int64_t)(task_cost / std::max(1, jobs[j].n))) + 15) / 16 * 16;
-            for (int64_t r = 0; r < rows; r += chunk) tasks.push_back({(int)j, r, std::min(rows, r + chunk)});
-        }
+    void operator()(std::initializer_list<MatMul> jobs) { run(jobs.begin(), jobs.size()); }
+    void operator()(const std::vector<MatMul>& jobs) { run(jobs.data(), jobs.size()); }
+
+private:
+    struct Conv { const float* x; Type t; int n; int64_t k; size_t row; };  // an input in a weight's dot-product type
+    struct Task { int job; int64_t r0, r1; };                                // rows [r0, r1) of a job's weight
+
+    // The products jobs[0, n_jobs): their inputs converted, their rows split into tasks, the tasks run.
+    void run(const MatMul* jobs, size_t n_jobs) {
+        convert_inputs(jobs, n_jobs);
+        split_tasks(jobs, n_jobs);
         pool.parallel_for_shares((int64_t)tasks.size(), [&](int64_t b, int64_t e, int) {
             for (int64_t t = b; t < e; t++) {
                 const MatMul& m = jobs[tasks[t].job];
@@ -15033,10 +15012,64 @@ public:
         });
     }
 
-private:
+    // Converts each distinct input once to the dot-product type of its weight, with the tiles' per-block
+    // data (once, not once per task).
+    void convert_inputs(const MatMul* jobs, size_t n_jobs) {
+        convs.clear();
+        conv_of.resize(n_jobs);
+        for (size_t j = 0; j < n_jobs; j++) {
+            const Type t = vec_dot_type(jobs[j].w->type);
+            const int64_t k = jobs[j].w->ne[0];
+            size_t c = 0;
+            while (c < convs.size() && !(convs[c].x == jobs[j].x && convs[c].t == t && convs[c].n == jobs[j].n)) c++;
+            if (c == convs.size()) convs.push_back({jobs[j].x, t, jobs[j].n, k, row_bytes(t, k)});
+            conv_of[j] = (int)c;
+        }
+        if (act.size() < convs.size()) act.resize(convs.size());
+        conv_rows.clear();
+        for (size_t c = 0; c < convs.size(); c++) {
+            if (act[c].size() < convs[c].row * convs[c].n) act[c].resize(convs[c].row * convs[c].n);
+            for (int i = 0; i < convs[c].n; i++) conv_rows.emplace_back((int)c, i);
+        }
+        pool.parallel_for((int64_t)conv_rows.size(), 1, [&](int64_t b, int64_t e, int) {
+            for (int64_t r = b; r < e; r++) {
+                const Conv& c = convs[conv_rows[r].first];
+                const int i = conv_rows[r].second;
+                quantize_row(c.t, c.x + i * c.k, act[conv_rows[r].first].data() + i * c.row, c.k);
+            }
+        });
+        with_sums.assign(convs.size(), 0);
+        for (size_t j = 0; j < n_jobs; j++)
+            with_sums[conv_of[j]] |= jobs[j].w->interleaved && interleave_needs_sums(jobs[j].w->type);
+        if (infos.size() < convs.size()) infos.resize(convs.size());
+        pool.parallel_for((int64_t)convs.size(), 1, [&](int64_t b, int64_t e, int) {
+            for (int64_t c = b; c < e; c++)
+                act_info(convs[c].t, act[c].data(), convs[c].row, convs[c].n, convs[c].k, with_sums[c], infos[c]);
+        });
+    }
+
+    // Splits all weight rows into tasks of similar cost (rows x columns), about 16 per thread, so jobs of
+    // different sizes (experts with few or many tokens) still balance across threads.
+    void split_tasks(const MatMul* jobs, size_t n_jobs) {
+        tasks.clear();
+        double total_cost = 0;
+        for (size_t j = 0; j < n_jobs; j++) total_cost += (double)jobs[j].w->ne[1] * jobs[j].n;
+        const double task_cost = total_cost / (pool.size() * 16);
+        for (size_t j = 0; j < n_jobs; j++) {
+            const int64_t rows = jobs[j].w->ne[1];
+            const int64_t chunk = (std::max<int64_t>(16, (int64_t)(task_cost / std::max(1, jobs[j].n))) + 15) / 16 * 16;
+            for (int64_t r = 0; r < rows; r += chunk) tasks.push_back({(int)j, r, std::min(rows, r + chunk)});
+        }
+    }
+
     ThreadPool& pool;
     std::vector<std::vector<uint8_t>> act;  // activations converted for matmuls
     std::vector<ActInfo> infos;              // and their per-block data for the tiles
+    std::vector<Conv> convs;                 // a call's distinct inputs
+    std::vector<int> conv_of;                // each job's input
+    std::vector<std::pair<int, int>> conv_rows;  // (input, token) of every row to convert
+    std::vector<char> with_sums;             // whether an input's tiles need its block sums
+    std::vector<Task> tasks;
 };
 
 // ---- Attention: GQA and MLA over the KV cache ----------------------------------------------
