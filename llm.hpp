@@ -13833,8 +13833,6 @@ private:
 
 class ThreadPool {
 public:
-    using Fn = JobFn;
-
     // poll: 0..100, the busy-wait level of idle workers (100: about 40000 checks of the job counter
     // before sleeping; 0: sleep at once).
     explicit ThreadPool(int n_threads, int poll = 50)
@@ -13857,7 +13855,7 @@ public:
 
     // Calls fn over [0, n) in chunks of about `grain` items (at least one chunk per thread when n
     // allows); returns when every chunk is done. fn must not throw.
-    void parallel_for(int64_t n, int64_t grain, const Fn& fn) {
+    void parallel_for(int64_t n, int64_t grain, const JobFn& fn) {
         if (n <= 0) return;
         grain = std::max<int64_t>(1, grain);
         const int active = active_.load();
@@ -13894,7 +13892,7 @@ public:
     // ahead fall on its own next rows, from a counter no other thread writes until it helps. Against
     // parallel_for's shared counter of chunks handed out in turn (Zen 4, session 28): SmolLM2-shape
     // decode +7 %, Gemma 3 +6 %, MoE pp8 +13 %; with one core kept busy by another process 3-6 % slower.
-    void parallel_for_shares(int64_t n, const Fn& fn) {
+    void parallel_for_shares(int64_t n, const JobFn& fn) {
         if (n <= 0) return;
         if (n > (int64_t)UINT32_MAX) return parallel_for(n, 1, fn);  // beyond a share's 32-bit bounds
         const int active = (int)std::min<int64_t>(active_.load(), n);
@@ -13993,7 +13991,7 @@ private:
     std::atomic<int64_t> next_{0};
     std::atomic<int> joined_{0};  // workers inside the current job
     std::atomic<bool> stop_{false};
-    const Fn* fn_ = nullptr;
+    const JobFn* fn_ = nullptr;
     int64_t n_items_ = 0, chunk_ = 1;
     std::vector<Share> shares_;  // parallel_for_shares' (set by the calling thread between jobs)
 };
